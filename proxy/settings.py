@@ -1,0 +1,54 @@
+"""Settings for `taotrace serve`: flags, `TAOTRACE_*` environment variables, defaults.
+
+Tests construct `Settings(...)` with arguments; the environment is read only when the CLI
+builds one. OpenTelemetry's own `OTEL_*` variables are left to the SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_UPSTREAM = "https://taotoken.net/api"
+
+
+def split_csv(value: object) -> object:
+    """Accept `a,b,c` from flags and the environment as well as a list."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything `taotrace serve` can be told."""
+
+    model_config = SettingsConfigDict(env_prefix="TAOTRACE_", extra="ignore")
+
+    upstream: str = Field(DEFAULT_UPSTREAM, description="base URL every request is forwarded to")
+    host: str = Field("127.0.0.1", description="address the proxy listens on")
+    port: int = Field(8787, ge=0, le=65535, description="proxy port")
+    metrics_host: str = Field("127.0.0.1", description="address of /metrics, /healthz, /readyz")
+    metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics, /healthz, /readyz")
+    connect_timeout: float = Field(10.0, gt=0, description="seconds to open a connection upstream (then 504)")
+    read_timeout: float = Field(
+        300.0, gt=0, description="idle seconds allowed between upstream reads (no total timeout)"
+    )
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="largest request body (413 beyond)")
+    drain_seconds: float = Field(30.0, ge=0, description="on SIGTERM, how long in-flight requests may finish")
+    upstream_keepalive: float = Field(
+        4.0, gt=0, description="seconds an idle upstream connection is kept (below the upstream's own)"
+    )
+    max_connections: int = Field(0, ge=0, description="upstream connection cap (0 = unlimited)")
+    model_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="model label values kept as-is (comma separated); others become 'other'"
+    )
+    max_models: int = Field(100, ge=1, description="without an allow-list: distinct model labels before 'other'")
+    capture_content: bool = Field(
+        False, description="record prompt and completion text on spans (off: never recorded)"
+    )
+    log_level: str = Field("info", description="debug, info, warning, error")
+    access_log: bool = Field(False, description="one log line per request (no keys, no query strings)")
+
+    _split_allowlist = field_validator("model_allowlist", mode="before")(split_csv)
