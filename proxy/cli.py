@@ -71,14 +71,16 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> 
 def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> None:
     kind = _base_type(field.annotation)
     help_text = field.description or ""
+    # `json_schema_extra={"flag": "--json"}` names the flag when the field name can't (`json` shadows BaseModel).
+    flag = str((field.json_schema_extra or {}).get("flag") or _flag(name))  # type: ignore[union-attr]
     if kind is bool:
-        parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
     elif _is_list(kind):
-        parser.add_argument(_flag(name), dest=name, default=None, metavar="A,B", help=help_text)
+        parser.add_argument(flag, dest=name, default=None, metavar="A,B", help=help_text)
     elif kind in (int, float):
-        parser.add_argument(_flag(name), dest=name, type=kind, default=None, help=help_text)  # type: ignore[arg-type]
+        parser.add_argument(flag, dest=name, type=kind, default=None, help=help_text)  # type: ignore[arg-type]
     else:
-        parser.add_argument(_flag(name), dest=name, default=None, help=help_text)
+        parser.add_argument(flag, dest=name, default=None, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
