@@ -83,24 +83,24 @@ def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> 
         parser.add_argument(flag, dest=name, default=None, help=help_text)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the selected command's module is imported (fast start, isolated failures)."""
     parser = argparse.ArgumentParser(prog="taotrace", description="Where the time of every LLM call goes.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         sp = sub.add_parser(command.name, help=command.help, description=command.help)
         sp.set_defaults(_command=command)
-        try:
+        if command.name == selected:
             module = importlib.import_module(command.module)
-        except ModuleNotFoundError as exc:
-            if exc.name != command.module:
-                raise
-            continue  # not built yet
-        add_model_flags(sp, getattr(module, command.settings))
+            add_model_flags(sp, getattr(module, command.settings))
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    names = {c.name for c in COMMANDS}
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(selected if selected in names else None)
     args = parser.parse_args(argv)
     command: Command | None = getattr(args, "_command", None)
     if command is None:

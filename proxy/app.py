@@ -1,0 +1,130 @@
+"""The two aiohttp applications: the proxy (every path forwarded) and the metrics port.
+
+`create_proxy_app` owns the upstream `ClientSession` through `cleanup_ctx`; its shape follows
+the pitfalls in shared/standards.md: no total timeout (streams run for minutes), connect and
+idle-read timeouts instead, no pool cap by default, no cookie jar, no decompression, no
+invented headers, and a keep-alive shorter than the upstream's idle timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from yarl import URL
+
+from proxy.forward import Forwarder, Observer, phase_trace_config
+from proxy.metrics import Metrics
+from proxy.settings import Settings
+from proxy.telemetry import Telemetry
+
+__all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_session", "upstream_url"]
+
+
+@dataclass
+class ServerState:
+    """Shared by both apps: whether a drain has begun (then /readyz says 503)."""
+
+    draining: bool = False
+
+
+STATE_KEY = web.AppKey("state", ServerState)
+SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
+UPSTREAM_HEADER_LIMIT = 16 * 1024
+
+
+def upstream_url(raw: str) -> URL:
+    """Validate the upstream base URL once, at start."""
+    url = URL(raw)
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"upstream must be an http(s) URL with a host, got {raw!r}")
+    if url.query_string or url.fragment:
+        raise ValueError("upstream must not carry a query string or fragment")
+    return url
+
+
+def make_session(settings: Settings) -> aiohttp.ClientSession:
+    """The upstream client, configured for long streams and byte-exact forwarding."""
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections,  # 0: no hidden cap on concurrent streams
+        limit_per_host=0,
+        keepalive_timeout=settings.upstream_keepalive,
+        ttl_dns_cache=60,
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=settings.connect_timeout, sock_connect=settings.connect_timeout, sock_read=settings.read_timeout
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        trace_configs=[phase_trace_config()],
+        max_line_size=UPSTREAM_HEADER_LIMIT,
+        max_field_size=UPSTREAM_HEADER_LIMIT,
+    )
+
+
+def create_proxy_app(
+    settings: Settings,
+    telemetry: Telemetry,
+    metrics: Metrics,
+    state: ServerState,
+    observers: Sequence[Observer] = (),
+) -> web.Application:
+    """The proxy: one catch-all route; the port reserves no path of its own."""
+    upstream = upstream_url(settings.upstream)
+    app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
+    app[STATE_KEY] = state
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        session = make_session(settings)
+        app[SESSION_KEY] = session
+        forwarder.session = session
+        yield
+        await session.close()
+
+    forwarder = Forwarder(
+        None,  # type: ignore[arg-type]  # set by session_ctx before the first request
+        upstream,
+        telemetry,
+        metrics,
+        connect_timeout=settings.connect_timeout,
+        max_body_bytes=settings.max_body_bytes,
+        capture_content=settings.capture_content,
+        observers=observers,
+        is_draining=lambda: state.draining,
+    )
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_route("*", "/{tail:.*}", forwarder)
+    return app
+
+
+def create_metrics_app(registry: CollectorRegistry, state: ServerState) -> web.Application:
+    """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`."""
+
+    async def metrics_handler(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        # Rendering runs in a thread so a scrape never holds the event loop for its whole length.
+        body = await asyncio.to_thread(encoder, registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_request: web.Request) -> web.Response:
+        if state.draining:
+            return web.Response(status=503, text="draining\n")
+        return web.Response(text="ready\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

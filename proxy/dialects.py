@@ -1,0 +1,385 @@
+"""What each API dialect sends, and which of it is a token: pure functions over parsed events.
+
+`api_for_path` names the dialect; `inspect_request` reads the model and `stream` flag of a
+request body; a `StreamReader` is fed SSE events and answers "was that a token?" while it
+gathers usage, finish reasons, the response id and model, and mid-stream errors;
+`read_body` does the same for a whole non-streaming JSON body. Nothing here raises on bad
+input: a body that is not what the dialect promises degrades to "unknown", never to an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.sse import SSEEvent
+
+__all__ = [
+    "API_CHAT",
+    "API_COMPLETIONS",
+    "API_MESSAGES",
+    "API_OTHER",
+    "API_RESPONSES",
+    "RequestInfo",
+    "StreamReader",
+    "Usage",
+    "api_for_path",
+    "inspect_request",
+    "read_body",
+    "reader_for",
+]
+
+API_CHAT = "chat_completions"
+API_COMPLETIONS = "completions"
+API_RESPONSES = "responses"
+API_MESSAGES = "messages"
+API_OTHER = "other"
+
+# (path suffix, api, gen_ai.operation.name, gen_ai.provider.name); longest suffix first.
+_DIALECTS: tuple[tuple[str, str, str, str], ...] = (
+    ("/chat/completions", API_CHAT, "chat", "openai"),
+    ("/completions", API_COMPLETIONS, "text_completion", "openai"),
+    ("/responses", API_RESPONSES, "chat", "openai"),
+    ("/messages", API_MESSAGES, "chat", "anthropic"),
+)
+MAX_MODEL_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """What the proxy learned from a request: dialect, operation, provider, model, streaming."""
+
+    api: str
+    operation: str | None
+    provider: str | None
+    model: str | None
+    stream: bool
+    content: str | None = None  # the request's messages as JSON, only when capture is on
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage as the upstream reported it; None where it said nothing."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+def api_for_path(path: str) -> str:
+    """The `api` label for a request path (query string excluded)."""
+    path = path.rstrip("/")
+    for suffix, api, _, _ in _DIALECTS:
+        if path.endswith(suffix):
+            return api
+    return API_OTHER
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _model(value: object) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= MAX_MODEL_LENGTH and value.isprintable():
+        return value
+    return None
+
+
+def inspect_request(api: str, body: bytes, *, capture_content: bool = False) -> RequestInfo:
+    """Read model and `stream` from a JSON body; anything unexpected yields model None."""
+    operation = provider = None
+    for _, name, op, prov in _DIALECTS:
+        if name == api:
+            operation, provider = op, prov
+    if api == API_OTHER or not body:
+        return RequestInfo(api, operation, provider, None, False)
+    obj = _loads(body)
+    if not isinstance(obj, dict):
+        return RequestInfo(api, operation, provider, None, False)
+    content = None
+    if capture_content:
+        for key in ("messages", "input", "prompt", "system"):
+            if key in obj:
+                content = orjson.dumps({k: obj[k] for k in ("system", "messages", "input", "prompt") if k in obj}).decode()
+                break
+    return RequestInfo(api, operation, provider, _model(obj.get("model")), obj.get("stream") is True, content)
+
+
+def _openai_usage(u: object) -> Usage | None:
+    """Chat/completions (`prompt_tokens`…) and Responses (`input_tokens`…) usage objects."""
+    if not isinstance(u, dict):
+        return None
+    in_details = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
+    out_details = u.get("completion_tokens_details") or u.get("output_tokens_details") or {}
+    return Usage(
+        input_tokens=_int(u.get("prompt_tokens", u.get("input_tokens"))),
+        output_tokens=_int(u.get("completion_tokens", u.get("output_tokens"))),
+        cached_input_tokens=_int(in_details.get("cached_tokens")) if isinstance(in_details, dict) else None,
+        reasoning_tokens=_int(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else None,
+    )
+
+
+def _anthropic_usage(u: object, previous: Usage | None) -> Usage | None:
+    """Anthropic counts cache reads and writes apart from `input_tokens`; GenAI input includes them."""
+    if not isinstance(u, dict):
+        return previous
+    prev = previous or Usage()
+    base = _int(u.get("input_tokens"))
+    read = _int(u.get("cache_read_input_tokens"))
+    write = _int(u.get("cache_creation_input_tokens"))
+    total = None if base is None and read is None and write is None else (base or 0) + (read or 0) + (write or 0)
+    output = _int(u.get("output_tokens"))
+    return Usage(
+        input_tokens=total if total is not None else prev.input_tokens,
+        output_tokens=output if output is not None else prev.output_tokens,
+        cached_input_tokens=read if read is not None else prev.cached_input_tokens,
+        reasoning_tokens=prev.reasoning_tokens,
+    )
+
+
+def _nonempty(value: object) -> bool:
+    return isinstance(value, str) and value != ""
+
+
+class StreamReader:
+    """Reads one response stream's events. Subclasses know one dialect each."""
+
+    __slots__ = ("usage", "finish_reasons", "response_id", "response_model", "error_type", "_capture", "_text", "_text_len")
+
+    # events whose type alone says they carry nothing we read: skip the JSON parse
+    SKIP: frozenset[str] = frozenset()
+    MAX_CAPTURE = 64 * 1024
+
+    def __init__(self, capture_content: bool = False) -> None:
+        self.usage: Usage | None = None
+        self.finish_reasons: list[str] = []
+        self.response_id: str | None = None
+        self.response_model: str | None = None
+        self.error_type: str | None = None
+        self._capture = capture_content
+        self._text: list[str] = []
+        self._text_len = 0
+
+    def feed(self, event: SSEEvent) -> bool:
+        """True when the event carried generated output (a token event)."""
+        if event.event in self.SKIP or event.data == b"[DONE]":
+            return False
+        obj = _loads(event.data)
+        if not isinstance(obj, dict):
+            return False
+        return self._read(event.event, obj)
+
+    @property
+    def text(self) -> str | None:
+        """The generated text, when capture is on."""
+        return "".join(self._text) if self._capture else None
+
+    def _keep(self, text: object) -> None:
+        if self._capture and isinstance(text, str) and self._text_len < self.MAX_CAPTURE:
+            self._text.append(text)
+            self._text_len += len(text)
+
+    def _finish(self, reason: object) -> None:
+        if isinstance(reason, str) and reason and reason not in self.finish_reasons:
+            self.finish_reasons.append(reason)
+
+    def _meta(self, obj: dict[str, Any]) -> None:
+        if self.response_id is None and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
+        if self.response_model is None:
+            self.response_model = _model(obj.get("model"))
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class ChatReader(StreamReader):
+    """`data: {chat.completion.chunk}` … `data: [DONE]`; legacy completions share the framing."""
+
+    __slots__ = ()
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+        if "error" in obj and obj["error"]:
+            self.error_type = "stream_error"
+            return False
+        self._meta(obj)
+        usage = obj.get("usage")
+        if usage:
+            self.usage = _openai_usage(usage) or self.usage
+        token = False
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            self._finish(choice.get("finish_reason"))
+            if self._choice_has_token(choice):
+                token = True
+        return token
+
+    def _choice_has_token(self, choice: dict[str, Any]) -> bool:
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return False
+        found = False
+        for key in ("content", "reasoning_content", "reasoning", "refusal"):
+            value = delta.get(key)
+            if _nonempty(value):
+                found = True
+                if key == "content":
+                    self._keep(value)
+        for call in delta.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and _nonempty(fn.get("arguments")):
+                found = True
+        return found
+
+
+class CompletionsReader(ChatReader):
+    """Legacy `/completions`: `choices[].text`."""
+
+    __slots__ = ()
+
+    def _choice_has_token(self, choice: dict[str, Any]) -> bool:
+        text = choice.get("text")
+        self._keep(text)
+        return _nonempty(text)
+
+
+_RESPONSES_TOKENS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+        "response.audio.transcript.delta",
+    }
+)
+_RESPONSES_END = frozenset({"response.completed", "response.failed", "response.incomplete"})
+
+
+class ResponsesReader(StreamReader):
+    """OpenAI Responses: `event: response.*`; usage in the final `response.completed`."""
+
+    __slots__ = ()
+
+    def feed(self, event: SSEEvent) -> bool:
+        kind = event.event
+        # Only deltas, the start, the end and errors carry anything we read.
+        if kind != "message" and not (
+            kind in _RESPONSES_TOKENS or kind in _RESPONSES_END or kind == "response.created" or kind == "error"
+        ):
+            return False
+        return super().feed(event)
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+        kind = obj.get("type") if isinstance(obj.get("type"), str) else kind
+        if kind in _RESPONSES_TOKENS:
+            delta = obj.get("delta")
+            if kind == "response.output_text.delta":
+                self._keep(delta)
+            return _nonempty(delta)
+        if kind == "error":
+            self.error_type = "stream_error"
+            return False
+        response = obj.get("response")
+        if not isinstance(response, dict):
+            return False
+        self._meta(response)
+        if kind in _RESPONSES_END:
+            self.usage = _openai_usage(response.get("usage")) or self.usage
+            status = response.get("status")
+            if kind == "response.failed":
+                self.error_type = "stream_error"
+            details = response.get("incomplete_details")
+            reason = details.get("reason") if isinstance(details, dict) else None
+            self._finish(reason or status)
+        return False
+
+
+class MessagesReader(StreamReader):
+    """Anthropic Messages: usage in `message_start` and (cumulative) `message_delta`."""
+
+    __slots__ = ()
+    SKIP = frozenset({"ping", "content_block_start", "content_block_stop", "message_stop"})
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+        kind = obj.get("type") if isinstance(obj.get("type"), str) else kind
+        if kind == "content_block_delta":
+            delta = obj.get("delta")
+            if not isinstance(delta, dict):
+                return False
+            for key in ("text", "thinking", "partial_json"):
+                value = delta.get(key)
+                if _nonempty(value):
+                    if key == "text":
+                        self._keep(value)
+                    return True
+            return False
+        if kind == "message_start":
+            message = obj.get("message")
+            if isinstance(message, dict):
+                self._meta(message)
+                self.usage = _anthropic_usage(message.get("usage"), self.usage)
+        elif kind == "message_delta":
+            self.usage = _anthropic_usage(obj.get("usage"), self.usage)
+            delta = obj.get("delta")
+            if isinstance(delta, dict):
+                self._finish(delta.get("stop_reason"))
+        elif kind == "error":
+            self.error_type = "stream_error"
+        return False
+
+
+_READERS: dict[str, type[StreamReader]] = {
+    API_CHAT: ChatReader,
+    API_COMPLETIONS: CompletionsReader,
+    API_RESPONSES: ResponsesReader,
+    API_MESSAGES: MessagesReader,
+}
+
+
+def reader_for(api: str, capture_content: bool = False) -> StreamReader | None:
+    """A fresh reader for a dialect's stream, or None for `other`."""
+    cls = _READERS.get(api)
+    return cls(capture_content) if cls is not None else None
+
+
+def read_body(api: str, body: bytes, capture_content: bool = False) -> StreamReader | None:
+    """Read a whole non-streaming JSON response with the same rules as a stream's events."""
+    reader = reader_for(api, capture_content)
+    obj = _loads(body) if reader is not None else None
+    if reader is None or not isinstance(obj, dict):
+        return reader
+    if "error" in obj and obj["error"]:
+        return reader  # the HTTP status already says what went wrong
+    if api == API_MESSAGES:
+        reader._meta(obj)
+        reader.usage = _anthropic_usage(obj.get("usage"), None)
+        reader._finish(obj.get("stop_reason"))
+        for block in obj.get("content") or ():
+            if isinstance(block, dict):
+                reader._keep(block.get("text"))
+    elif api == API_RESPONSES:
+        reader._meta(obj)
+        reader.usage = _openai_usage(obj.get("usage"))
+        reader._finish(obj.get("status"))
+    else:
+        reader._meta(obj)
+        reader.usage = _openai_usage(obj.get("usage"))
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict):
+                reader._finish(choice.get("finish_reason"))
+                message = choice.get("message")
+                reader._keep(message.get("content") if isinstance(message, dict) else choice.get("text"))
+    return reader

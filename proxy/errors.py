@@ -1,0 +1,87 @@
+"""How failures map to HTTP statuses, `error_type` words and the proxy's own error bodies.
+
+    ProxyError                 the proxy answers itself (status + error_type)
+    ├── UpstreamUnreachable    502 connect        refused, DNS, TLS
+    ├── UpstreamTimeout        504 timeout        connect timeout, silent upstream
+    ├── UpstreamBroken         502 upstream_error reset or invalid HTTP before the headers
+    ├── BodyTooLarge           413 request_too_large
+    └── BadTarget              400 bad_request    a request target the proxy will not forward
+
+Messages are written here, never copied from exceptions: those can carry URLs with query
+strings and, in `repr()`, request headers.
+"""
+
+from __future__ import annotations
+
+import orjson
+from aiohttp import web
+
+__all__ = [
+    "BadTarget",
+    "BodyTooLarge",
+    "ProxyError",
+    "UpstreamBroken",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+    "error_type_for_status",
+]
+
+
+class ProxyError(Exception):
+    """A request the proxy answers itself."""
+
+    status = 502
+    error_type = "upstream_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def response(self) -> web.Response:
+        """An OpenAI-shaped error body, so SDKs surface the message."""
+        body = {"error": {"message": f"taotrace: {self.message}", "type": self.error_type, "code": self.error_type}}
+        return web.Response(status=self.status, body=orjson.dumps(body), content_type="application/json")
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    error_type = "connect"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    error_type = "timeout"
+
+
+class UpstreamBroken(ProxyError):
+    status = 502
+    error_type = "upstream_error"
+
+
+class BodyTooLarge(ProxyError):
+    status = 413
+    error_type = "request_too_large"
+
+
+class BadTarget(ProxyError):
+    status = 400
+    error_type = "bad_request"
+
+
+def error_type_for_status(status: int, body_head: bytes = b"") -> str:
+    """The `error_type` of an upstream answer; "" for success. `body_head`: its first bytes."""
+    if status < 400:
+        return ""
+    if status in (401, 403):
+        return "auth"
+    if status == 404:
+        return "model_not_found" if b"model" in body_head.lower() else "not_found"
+    if status == 429:
+        return "rate_limited"
+    if status == 413:
+        return "request_too_large"
+    if status in (408, 504):
+        return "timeout"
+    if status >= 500:
+        return "upstream_error"
+    return "bad_request"

@@ -1,0 +1,172 @@
+"""Prometheus metrics from finished requests: the contract's names, bounded labels, exemplars.
+
+Everything is registered on a registry passed in (tests use a fresh `CollectorRegistry`).
+A request updates its histograms once, when it ends, from its frozen `RequestRecord`; the label
+children for an (api, model) pair are created once and reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.timing import RequestRecord
+
+__all__ = ["ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_TOKEN"]
+
+# 1 ms … 20 min: reasoning models can think for minutes before the first token.
+BUCKETS_LATENCY = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75,
+    1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+)  # fmt: skip
+# Per-token times: 0.5 ms (fast small models, batched) … 2.5 s (a stalled decode).
+BUCKETS_TOKEN = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+
+# The whole `error_type` vocabulary; "" means success. Documented in the README.
+ERROR_TYPES = (
+    "auth",  # upstream 401/403
+    "bad_request",  # upstream 400/422 and other 4xx
+    "not_found",  # upstream 404 that is not about a model
+    "model_not_found",  # upstream 404 naming the model
+    "rate_limited",  # upstream 429
+    "request_too_large",  # 413 (the proxy's body limit or the upstream's)
+    "upstream_error",  # upstream 5xx, or a response that is not valid HTTP
+    "connect",  # could not connect upstream (refused, DNS, TLS): 502
+    "timeout",  # connect timeout, or the upstream went silent past the idle timeout: 504
+    "stream_cut",  # the upstream closed the connection mid-body
+    "stream_error",  # an error event inside a 200 stream
+    "client_abort",  # the client went away before the end
+    "shutdown",  # still running when the drain deadline passed
+)
+
+UNKNOWN_MODEL = "unknown"
+OTHER_MODEL = "other"
+
+
+@dataclass
+class ModelLabels:
+    """Bounds the `model` label: an allow-list when given, else the first `limit` names seen."""
+
+    allowlist: frozenset[str] = frozenset()
+    limit: int = 100
+    _seen: set[str] = field(default_factory=set)
+
+    def __call__(self, model: str | None) -> str:
+        if not model:
+            return UNKNOWN_MODEL
+        if self.allowlist:
+            return model if model in self.allowlist else OTHER_MODEL
+        if model in self._seen:
+            return model
+        if len(self._seen) < self.limit:
+            self._seen.add(model)
+            return model
+        return OTHER_MODEL
+
+
+class _Children:
+    """The label children of one (api, model) pair, created once."""
+
+    __slots__ = ("duration", "ttft", "tpot", "itl", "network", "prefill", "decode", "tok_in", "tok_out", "tok_cached", "tok_reasoning")
+
+    def __init__(self, m: Metrics, api: str, model: str) -> None:
+        self.duration = m.duration.labels(api, model)
+        self.ttft = m.ttft.labels(api, model)
+        self.tpot = m.tpot.labels(api, model)
+        self.itl = m.itl.labels(api, model)
+        self.network = m.phase.labels(api, model, "network")
+        self.prefill = m.phase.labels(api, model, "prefill_wait")
+        self.decode = m.phase.labels(api, model, "decode")
+        self.tok_in = m.tokens.labels(api, model, "input")
+        self.tok_out = m.tokens.labels(api, model, "output")
+        self.tok_cached = m.tokens.labels(api, model, "cached_input")
+        self.tok_reasoning = m.tokens.labels(api, model, "reasoning")
+
+
+class Metrics:
+    """The `taotrace_*` metrics on one registry."""
+
+    def __init__(self, registry: CollectorRegistry, models: ModelLabels | None = None) -> None:
+        self.registry = registry
+        self.models = models or ModelLabels()
+        am = ("api", "model")
+        self.requests = Counter(
+            "taotrace_requests", "Requests forwarded, by outcome.", (*am, "status_code", "error_type"), registry=registry
+        )
+        self.duration = Histogram(
+            "taotrace_request_duration_seconds", "Request head arrival to last byte written to the client.",
+            am, buckets=BUCKETS_LATENCY, registry=registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "taotrace_time_to_first_token_seconds", "Request head arrival to the first token event (streams only).",
+            am, buckets=BUCKETS_LATENCY, registry=registry,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "taotrace_time_per_output_token_seconds", "(last token - first token) / (output tokens - 1), per stream.",
+            am, buckets=BUCKETS_TOKEN, registry=registry,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "taotrace_inter_token_latency_seconds", "Gap between consecutive token events.",
+            am, buckets=BUCKETS_TOKEN, registry=registry,
+        )  # fmt: skip
+        self.phase = Histogram(
+            "taotrace_phase_duration_seconds", "Time in each phase: network, prefill_wait, decode.",
+            (*am, "phase"), buckets=BUCKETS_LATENCY, registry=registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "taotrace_tokens", "Tokens by type: input (incl. cached), output, cached_input, reasoning.",
+            (*am, "type"), registry=registry,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "taotrace_in_flight_requests", "Requests being forwarded now.", ("api",), registry=registry
+        )
+        self._children: dict[tuple[str, str], _Children] = {}
+
+    def children(self, api: str, model_label: str) -> _Children:
+        key = (api, model_label)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = _Children(self, api, model_label)
+        return found
+
+    def record(self, rec: RequestRecord) -> None:
+        """Account one finished request."""
+        model = self.models(rec.model)
+        c = self.children(rec.api, model)
+        t = rec.timing
+        exemplar = {"trace_id": rec.trace_id} if rec.trace_id else None
+        self.requests.labels(rec.api, model, str(rec.status_code), rec.error_type).inc()
+        c.duration.observe(t.duration, exemplar)
+        if t.network is not None:
+            c.network.observe(t.network, exemplar)
+        if rec.stream and t.ttft is not None:
+            c.ttft.observe(t.ttft, exemplar)
+            if t.prefill_wait is not None:
+                c.prefill.observe(t.prefill_wait, exemplar)
+            if t.decode is not None:
+                c.decode.observe(t.decode, exemplar)
+            if t.tpot is not None:
+                c.tpot.observe(t.tpot, exemplar)
+            if t.itl:
+                # An exemplar on the slowest gap only: it is the one worth opening in Jaeger.
+                slowest = max(t.itl)
+                observe = c.itl.observe
+                for gap in t.itl:
+                    if gap == slowest and exemplar is not None:
+                        observe(gap, exemplar)
+                        exemplar = None
+                    else:
+                        observe(gap)
+        u = rec.usage
+        if u.input_tokens:
+            c.tok_in.inc(u.input_tokens)
+        if u.output_tokens:
+            c.tok_out.inc(u.output_tokens)
+        if u.cached_input_tokens:
+            c.tok_cached.inc(u.cached_input_tokens)
+        if u.reasoning_tokens:
+            c.tok_reasoning.inc(u.reasoning_tokens)

@@ -1,0 +1,133 @@
+"""`taotrace serve`: start both ports, serve until SIGTERM/SIGINT, then drain and exit.
+
+Drain: /readyz turns 503 and the proxy's listening socket closes at once (new connections are
+refused); requests in flight get `drain_seconds` to finish; any still running are cancelled,
+which closes their client connections mid-body (cut, never cleanly truncated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+
+from aiohttp import web
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry
+
+from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
+from proxy.metrics import Metrics, ModelLabels
+from proxy.settings import Settings
+from proxy.telemetry import Telemetry, build_tracer_provider, shutdown_tracer_provider
+from proxy.timing import RequestRecord
+
+__all__ = ["Running", "Settings", "run", "running"]
+
+log = logging.getLogger("taotrace")
+TRACE_SHUTDOWN_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Running:
+    """A started proxy: where it listens, and what it records to."""
+
+    proxy_url: str
+    metrics_url: str
+    registry: CollectorRegistry
+    state: ServerState
+
+
+def _bound_url(runner: web.AppRunner) -> str:
+    host, port = runner.addresses[0][:2]
+    return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+
+
+@asynccontextmanager
+async def running(
+    settings: Settings,
+    *,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+    registry: CollectorRegistry | None = None,
+) -> AsyncIterator[Running]:
+    """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit."""
+    own_provider = tracer_provider is None
+    provider = build_tracer_provider() if tracer_provider is None else tracer_provider
+    registry = CollectorRegistry() if registry is None else registry
+    upstream = upstream_url(settings.upstream)
+    telemetry = Telemetry(
+        provider,
+        upstream_host=upstream.host or "",
+        upstream_port=upstream.port or 0,
+        upstream_base=str(upstream).rstrip("/"),
+        capture_content=settings.capture_content,
+    )
+    metrics = Metrics(registry, ModelLabels(frozenset(settings.model_allowlist), settings.max_models))
+    state = ServerState()
+    observers = (on_record,) if on_record is not None else ()
+    proxy_runner = web.AppRunner(
+        create_proxy_app(settings, telemetry, metrics, state, observers),
+        handler_cancellation=True,  # a client that leaves cancels its upstream call
+        access_log=None,  # aiohttp's access log prints query strings (`?key=`)
+        shutdown_timeout=settings.drain_seconds,
+    )
+    metrics_runner = web.AppRunner(create_metrics_app(registry, state), access_log=None, shutdown_timeout=1.0)
+    await proxy_runner.setup()
+    await metrics_runner.setup()
+    try:
+        await web.TCPSite(proxy_runner, settings.host, settings.port, backlog=2048).start()
+        await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
+        yield Running(_bound_url(proxy_runner), _bound_url(metrics_runner), registry, state)
+    finally:
+        state.draining = True
+        await proxy_runner.cleanup()
+        await metrics_runner.cleanup()
+        if own_provider:
+            await asyncio.to_thread(shutdown_tracer_provider, provider, TRACE_SHUTDOWN_SECONDS)
+
+
+async def serve(settings: Settings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with running(settings) as srv:
+        log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, settings.upstream, srv.metrics_url)
+        await stop.wait()
+        log.info("draining: up to %.0fs for requests in flight", settings.drain_seconds)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run(settings: Settings) -> int:
+    """The `taotrace serve` command."""
+    configure_logging(settings.log_level)
+    try:
+        upstream_url(settings.upstream)
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        import uvloop  # a faster event loop where it is installed
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - not on every platform
+        runner = asyncio.run
+    try:
+        runner(serve(settings))
+    except OSError as exc:
+        log.error("cannot listen: %s", exc)
+        return 1
+    return 0

@@ -1,0 +1,145 @@
+"""The phase clock: timestamps in, a frozen `RequestTiming` out. Pure: the caller owns the clock.
+
+    t0 ─ network ─ t_sent ─ prefill_wait ─ t_first ─ decode ─ t_last ─ (tail) ─ t_end
+
+TTFT = t_first − t0; TPOT = (t_last − t_first) / (output_tokens − 1) (vLLM: the first token is
+excluded); ITL = gaps between consecutive token events; duration = t_end − t0.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from proxy.dialects import Usage
+
+__all__ = ["PhaseClock", "RequestRecord", "RequestTiming"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """Seconds for each phase of one request; None where the phase did not happen."""
+
+    start: float  # t0 on the monotonic clock
+    end: float
+    duration: float
+    network: float | None
+    time_to_headers: float | None
+    ttfb: float | None  # first response body byte
+    ttft: float | None
+    prefill_wait: float | None
+    decode: float | None
+    tpot: float | None
+    itl: tuple[float, ...]
+    token_events: int
+    sent: float | None  # t_sent, t_first, t_last on the monotonic clock, for spans
+    first_token: float | None
+    last_token: float | None
+    connection_reused: bool | None
+    pool_wait: float | None = None  # waiting for a free pooled connection
+    dns: float | None = None
+    connect: float | None = None  # TCP connect plus TLS handshake (aiohttp reports them as one)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """Everything known about one finished request; handed to metrics, spans and observers."""
+
+    trace_id: str | None  # 32 hex, when the request was traced
+    api: str
+    operation: str | None
+    model: str | None
+    response_model: str | None
+    stream: bool
+    method: str
+    path: str
+    status_code: int
+    error_type: str
+    timing: RequestTiming
+    usage: Usage
+    usage_source: str  # "reported" | "counted" | "none"
+    finish_reasons: tuple[str, ...]
+    response_id: str | None
+
+
+class PhaseClock:
+    """Collects the timestamps of one request as they happen; `finish()` derives the phases."""
+
+    __slots__ = (
+        "t0", "t_sent", "t_headers", "t_first_byte", "t_first", "t_last", "tokens", "_gaps",
+        "reused", "pool_wait", "dns", "connect", "_mark",
+    )  # fmt: skip
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.t_sent: float | None = None
+        self.t_headers: float | None = None
+        self.t_first_byte: float | None = None
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.tokens = 0
+        self._gaps = array("d")
+        self.reused: bool | None = None
+        self.pool_wait: float | None = None
+        self.dns: float | None = None
+        self.connect: float | None = None
+        self._mark = t0
+
+    def mark(self, t: float) -> None:
+        """A connection step (pool wait, DNS, connect) started."""
+        self._mark = t
+
+    def since_mark(self, t: float) -> float:
+        return t - self._mark
+
+    def sent(self, t: float) -> None:
+        """The request (headers, then each body chunk) was written upstream."""
+        self.t_sent = t
+
+    def headers(self, t: float) -> None:
+        if self.t_sent is None:
+            self.t_sent = t
+        self.t_headers = t
+
+    def body_bytes(self, t: float) -> None:
+        if self.t_first_byte is None:
+            self.t_first_byte = t
+
+    def token(self, t: float) -> None:
+        """One token event arrived (read at time t)."""
+        if self.t_first is None:
+            self.t_first = t
+        else:
+            self._gaps.append(t - self.t_last)  # type: ignore[operator]
+        self.t_last = t
+        self.tokens += 1
+
+    def finish(self, t_end: float, output_tokens: int | None = None, streaming: bool = True) -> RequestTiming:
+        """Freeze the phases. `output_tokens` is the reported count when there is one."""
+        t0 = self.t0
+        first, last = (self.t_first, self.t_last) if streaming else (None, None)
+        tpot = None
+        n = output_tokens if output_tokens is not None else self.tokens
+        if first is not None and last is not None and n >= 2 and last > first:
+            tpot = (last - first) / (n - 1)
+        return RequestTiming(
+            start=t0,
+            end=t_end,
+            duration=t_end - t0,
+            network=None if self.t_sent is None else self.t_sent - t0,
+            time_to_headers=None if self.t_headers is None else self.t_headers - t0,
+            ttfb=None if self.t_first_byte is None else self.t_first_byte - t0,
+            ttft=None if first is None else first - t0,
+            prefill_wait=None if first is None or self.t_sent is None else first - self.t_sent,
+            decode=None if first is None or last is None else last - first,
+            tpot=tpot,
+            itl=tuple(self._gaps) if streaming else (),
+            token_events=self.tokens,
+            sent=self.t_sent,
+            first_token=first,
+            last_token=last,
+            connection_reused=self.reused,
+            pool_wait=self.pool_wait,
+            dns=self.dns,
+            connect=self.connect,
+        )

@@ -1,0 +1,147 @@
+"""The network edge, faked for real: an upstream HTTP server on port 0 with scripted answers.
+
+Tests never mock our own code; they point the proxy at one of these and talk to the proxy
+over real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class SeenRequest:
+    """What the upstream received."""
+
+    method: str
+    path_qs: str
+    headers: CIMultiDictProxy[str]
+    body: bytes
+
+
+@dataclass
+class FakeUpstream:
+    """An aiohttp server whose every path is answered by `handler` (replaceable per test)."""
+
+    handler: Handler
+    seen: list[SeenRequest] = field(default_factory=list)
+    url: str = ""
+    disconnected: list[float] = field(default_factory=list)  # loop times at which a handler was cancelled
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeUpstream:
+        async def entry(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            self.seen.append(SeenRequest(request.method, request.path_qs, request.headers, body))
+            try:
+                return await self.handler(request)
+            except asyncio.CancelledError:
+                self.disconnected.append(asyncio.get_running_loop().time())
+                raise
+
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", entry)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def sse(*objs: object, done: bool = True, sep: bytes = b"\n") -> list[bytes]:
+    """`data: {json}` frames for chat-style streams."""
+    frames = [b"data: " + json.dumps(o).encode() + sep + sep for o in objs]
+    if done:
+        frames.append(b"data: [DONE]" + sep + sep)
+    return frames
+
+
+def named(event: str, obj: object) -> bytes:
+    """An `event:` + `data:` frame (Responses, Anthropic)."""
+    return f"event: {event}\ndata: {json.dumps(obj)}\n\n".encode()
+
+
+def stream_handler(
+    frames: Sequence[bytes],
+    *,
+    first_delay: float = 0.0,
+    gap: float = 0.0,
+    content_type: str = "text/event-stream",
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> Handler:
+    """Send each frame as its own write: `first_delay` before the first, `gap` between the rest."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=status, headers={"Content-Type": content_type, **(headers or {})})
+        await resp.prepare(request)
+        for i, frame in enumerate(frames):
+            await asyncio.sleep(first_delay if i == 0 else gap)
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+def json_handler(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(obj, status=status, headers=headers)
+
+    return handler
+
+
+def chat_chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None, **delta: object) -> dict:
+    d: dict[str, object] = dict(delta)
+    if role is not None:
+        d["role"] = role
+    if content is not None:
+        d["content"] = content
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "delta": d, "finish_reason": finish}],
+    }
+
+
+def usage_chunk(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning},
+        },
+    }
+
+
+def chat_stream(n_tokens: int, *, usage: bool = True, sep: bytes = b"\n") -> list[bytes]:
+    """A realistic chat stream: role-only first chunk, n content chunks, finish, usage, [DONE]."""
+    objs: list[object] = [chat_chunk(role="assistant", content="")]
+    objs += [chat_chunk(f"tok{i} ") for i in range(n_tokens)]
+    objs.append(chat_chunk(finish="stop"))
+    if usage:
+        objs.append(usage_chunk(12, n_tokens))
+    return sse(*objs, sep=sep)
