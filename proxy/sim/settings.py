@@ -1,0 +1,42 @@
+"""Settings for `taotrace sim`: flags, `TAOTRACE_*` environment variables, defaults."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from proxy.settings import split_csv
+
+__all__ = ["SimSettings"]
+
+
+class SimSettings(BaseSettings):
+    """Everything `taotrace sim` can be told."""
+
+    model_config = SettingsConfigDict(env_prefix="TAOTRACE_SIM_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="address the simulator listens on")
+    port: int = Field(8788, ge=0, le=65535, description="simulator port (base URL http://HOST:PORT/v1)")
+    time_scale: float = Field(
+        1.0, gt=0, description="multiplies every simulated duration (0.1 = ten times faster, same ratios)"
+    )
+    require_key: bool = Field(False, description="answer 401 to requests without an API key")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="keys accepted when --require-key is on (comma separated; empty = any)"
+    )
+    bad_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["bad"], description="keys always answered with 401 (comma separated)"
+    )
+    tokenizer: Literal["auto", "estimate", "tiktoken"] = Field(
+        "auto", description="prompt token counts: tiktoken when installed and usable offline (auto), else the estimate"
+    )
+    block_size: int = Field(16, ge=1, description="tokens per KV-cache block (the prefix cache matches whole blocks)")
+    max_batch: int = Field(64, ge=1, description="most sequences decoded together; more wait in the queue")
+    batch_slowdown: float = Field(0.04, ge=0, description="extra decode-step time per additional running stream")
+    cache_residual: float = Field(0.05, ge=0, le=1, description="share of a cached prompt token's prefill still paid")
+    stall_seconds: float = Field(30.0, ge=0, description="how long the `stall` failure trigger stays silent")
+    catalogue: str | None = Field(None, description="JSON file overriding or adding models: {\"models\": [...]}")
+
+    _split_keys = field_validator("api_keys", "bad_keys", mode="before")(split_csv)
