@@ -102,7 +102,7 @@ def create_proxy_app(
         is_draining=lambda: state.draining,
     )
     app.cleanup_ctx.append(session_ctx)
-    app.router.add_route("*", "/{tail:.*}", forwarder)
+    app.router.add_route("*", "/{tail:.*}", forwarder.handle)
     return app
 
 

@@ -156,7 +156,7 @@ class Forwarder:
                 raise BadTarget("the request target must be a path starting with '/'")
         return raw
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         t0 = self.clock()
         method = request.method
         try:

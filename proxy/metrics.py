@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from proxy.timing import RequestRecord
 
@@ -91,6 +91,9 @@ class Metrics:
     """The `taotrace_*` metrics on one registry."""
 
     def __init__(self, registry: CollectorRegistry, models: ModelLabels | None = None) -> None:
+        # prometheus_client's `_created` series (a process-wide switch) would add one series per
+        # label child that no dashboard or alert reads.
+        disable_created_metrics()
         self.registry = registry
         self.models = models or ModelLabels()
         am = ("api", "model")

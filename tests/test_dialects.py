@@ -1,0 +1,217 @@
+"""Which events are tokens, and what usage says, for each of the four dialects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.dialects import (
+    API_CHAT,
+    API_COMPLETIONS,
+    API_MESSAGES,
+    API_OTHER,
+    API_RESPONSES,
+    Usage,
+    api_for_path,
+    inspect_request,
+    read_body,
+    reader_for,
+)
+from proxy.sse import SSEEvent
+
+
+def ev(obj: object, event: str = "message") -> SSEEvent:
+    return SSEEvent(event, obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+
+
+@pytest.mark.parametrize(
+    ("path", "api"),
+    [
+        ("/v1/chat/completions", API_CHAT),
+        ("/api/v1/chat/completions/", API_CHAT),
+        ("/v1/completions", API_COMPLETIONS),
+        ("/v1/responses", API_RESPONSES),
+        ("/v1/messages", API_MESSAGES),
+        ("/v1/models", API_OTHER),
+        ("/v1/embeddings", API_OTHER),
+        ("/", API_OTHER),
+    ],
+)
+def test_api_for_path(path: str, api: str) -> None:
+    assert api_for_path(path) == api
+
+
+def test_inspect_request_reads_model_and_stream() -> None:
+    info = inspect_request(API_CHAT, b'{"model":"gpt-4o","stream":true,"messages":[]}')
+    assert (info.operation, info.provider, info.model, info.stream) == ("chat", "openai", "gpt-4o", True)
+    assert inspect_request(API_MESSAGES, b'{"model":"claude","stream":false}').provider == "anthropic"
+    assert inspect_request(API_COMPLETIONS, b'{"model":"m"}').operation == "text_completion"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b"[1,2]", b'{"messages":[]}', b'{"model": 42}', b'{"model":"' + b"x" * 10000 + b'"}', b""],
+)
+def test_inspect_request_degrades_without_error(body: bytes) -> None:
+    info = inspect_request(API_CHAT, body)
+    assert info.model is None and info.api == API_CHAT
+
+
+def test_stream_of_the_wrong_type_is_not_a_stream() -> None:
+    assert inspect_request(API_CHAT, b'{"model":"m","stream":"yes"}').stream is False
+
+
+def test_prompt_text_captured_only_on_opt_in() -> None:
+    body = b'{"model":"m","messages":[{"role":"user","content":"secret prompt"}]}'
+    assert inspect_request(API_CHAT, body).content is None
+    captured = inspect_request(API_CHAT, body, capture_content=True).content
+    assert captured is not None and "secret prompt" in captured
+
+
+def chunk(**delta: object) -> dict:
+    return {"id": "c1", "model": "gpt-x", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+@pytest.mark.parametrize(
+    ("delta", "is_token"),
+    [
+        ({"role": "assistant"}, False),
+        ({"role": "assistant", "content": ""}, False),
+        ({"content": None}, False),
+        ({}, False),
+        ({"content": "Hi"}, True),
+        ({"reasoning_content": "think"}, True),
+        ({"reasoning": "think"}, True),
+        ({"refusal": "no"}, True),
+        ({"tool_calls": [{"index": 0, "id": "t", "function": {"name": "f", "arguments": ""}}]}, False),
+        ({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]}, True),
+    ],
+)
+def test_chat_token_rules(delta: dict, is_token: bool) -> None:
+    reader = reader_for(API_CHAT)
+    assert reader is not None
+    assert reader.feed(ev(chunk(**delta))) is is_token
+
+
+def test_chat_usage_chunk_done_and_errors() -> None:
+    reader = reader_for(API_CHAT)
+    assert reader is not None
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 20,
+        "prompt_tokens_details": {"cached_tokens": 64},
+        "completion_tokens_details": {"reasoning_tokens": 5},
+    }
+    final = {"id": "c1", "model": "gpt-x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    assert reader.feed(ev(final)) is False
+    assert reader.feed(ev({"id": "c1", "choices": [], "usage": usage})) is False
+    assert reader.feed(SSEEvent("message", b"[DONE]")) is False
+    assert reader.feed(SSEEvent("message", b"{not json")) is False
+    assert reader.usage == Usage(100, 20, 64, 5)
+    assert reader.finish_reasons == ["stop"]
+    assert (reader.response_id, reader.response_model) == ("c1", "gpt-x")
+    assert reader.error_type is None
+    assert reader.feed(ev({"error": {"message": "boom", "type": "server_error"}})) is False
+    assert reader.error_type == "stream_error"
+
+
+def test_legacy_completions_text() -> None:
+    reader = reader_for(API_COMPLETIONS)
+    assert reader is not None
+    assert reader.feed(ev({"choices": [{"text": "Hello", "index": 0}]})) is True
+    assert reader.feed(ev({"choices": [{"text": "", "index": 0, "finish_reason": "length"}]})) is False
+    assert reader.finish_reasons == ["length"]
+
+
+def test_responses_events() -> None:
+    reader = reader_for(API_RESPONSES)
+    assert reader is not None
+    created = {"type": "response.created", "response": {"id": "resp_1", "model": "gpt-4o", "status": "in_progress"}}
+    assert reader.feed(ev(created, "response.created")) is False
+    for kind in ("response.in_progress", "response.output_item.added", "response.content_part.added"):
+        assert reader.feed(ev({"type": kind}, kind)) is False
+    for kind in ("response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"):
+        assert reader.feed(ev({"type": kind, "delta": "x"}, kind)) is True
+    assert reader.feed(ev({"type": "response.output_text.delta", "delta": ""}, "response.output_text.delta")) is False
+    assert reader.feed(ev({"type": "response.output_text.done", "text": "x"}, "response.output_text.done")) is False
+    done = {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_1",
+            "model": "gpt-4o",
+            "status": "completed",
+            "usage": {
+                "input_tokens": 50,
+                "output_tokens": 9,
+                "input_tokens_details": {"cached_tokens": 32},
+                "output_tokens_details": {"reasoning_tokens": 3},
+            },
+        },
+    }
+    assert reader.feed(ev(done, "response.completed")) is False
+    assert reader.usage == Usage(50, 9, 32, 3)
+    assert (reader.response_id, reader.response_model, reader.finish_reasons) == ("resp_1", "gpt-4o", ["completed"])
+
+
+def test_responses_failure_and_error_events() -> None:
+    reader = reader_for(API_RESPONSES)
+    assert reader is not None
+    reader.feed(ev({"type": "response.failed", "response": {"id": "r", "status": "failed"}}, "response.failed"))
+    assert reader.error_type == "stream_error"
+    other = reader_for(API_RESPONSES)
+    assert other is not None
+    other.feed(ev({"type": "error", "code": "server_error", "message": "x"}, "error"))
+    assert other.error_type == "stream_error"
+
+
+def test_anthropic_messages_events() -> None:
+    reader = reader_for(API_MESSAGES)
+    assert reader is not None
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "model": "claude-x",
+            "usage": {"input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5, "output_tokens": 1},
+        },
+    }
+    assert reader.feed(ev(start, "message_start")) is False
+    assert reader.feed(ev({"type": "ping"}, "ping")) is False
+    assert reader.feed(ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start")) is False
+    for delta in ({"type": "text_delta", "text": "Hi"}, {"type": "thinking_delta", "thinking": "hm"}, {"type": "input_json_delta", "partial_json": "{"}):
+        assert reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")) is True
+    assert reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}}, "content_block_delta")) is False
+    assert reader.feed(ev({"type": "content_block_stop", "index": 0}, "content_block_stop")) is False
+    assert reader.feed(ev({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 42}}, "message_delta")) is False
+    assert reader.feed(ev({"type": "message_stop"}, "message_stop")) is False
+    # GenAI input tokens include cache reads and writes
+    assert reader.usage == Usage(115, 42, 100, None)
+    assert (reader.response_id, reader.response_model, reader.finish_reasons) == ("msg_1", "claude-x", ["end_turn"])
+    reader.feed(ev({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"))
+    assert reader.error_type == "stream_error"
+
+
+def test_unknown_events_pass_quietly() -> None:
+    for api in (API_CHAT, API_RESPONSES, API_MESSAGES):
+        reader = reader_for(api)
+        assert reader is not None
+        assert reader.feed(ev({"type": "brand_new_event", "delta": "x"}, "brand_new_event")) is False
+
+
+def test_non_streaming_bodies() -> None:
+    chat = read_body(API_CHAT, json.dumps({
+        "id": "c", "model": "m", "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+    }).encode())  # fmt: skip
+    assert chat is not None and chat.usage == Usage(3, 1, None, None) and chat.finish_reasons == ["stop"]
+    msg = read_body(API_MESSAGES, json.dumps({
+        "id": "m", "model": "claude", "stop_reason": "end_turn", "content": [{"type": "text", "text": "x"}],
+        "usage": {"input_tokens": 4, "output_tokens": 2, "cache_read_input_tokens": 6},
+    }).encode())  # fmt: skip
+    assert msg is not None and msg.usage == Usage(10, 2, 6, None)
+    resp = read_body(API_RESPONSES, json.dumps({"id": "r", "model": "m", "status": "completed", "usage": {"input_tokens": 1, "output_tokens": 2}}).encode())
+    assert resp is not None and resp.usage == Usage(1, 2, None, None)
+    assert read_body(API_OTHER, b"{}") is None
+    garbage = read_body(API_CHAT, b"<html>")
+    assert garbage is not None and garbage.usage is None

@@ -1,0 +1,134 @@
+"""Transparent forwarding over real sockets: bytes, statuses and headers pass exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+import json
+
+import aiohttp
+from aiohttp import web
+
+from tests.conftest import Proxied
+from tests.fakes import chat_stream, json_handler, stream_handler
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def post(
+    client: aiohttp.ClientSession, url: str, body: object, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, aiohttp.ClientResponse]:
+    async with client.post(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}) as r:
+        return r.status, await r.read(), r
+
+
+async def test_stream_bytes_are_exact_lf_and_crlf(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    for sep in (b"\n", b"\r\n", b"\r"):
+        frames = chat_stream(20, sep=sep)
+        proxy.serve(stream_handler(frames, gap=0.001))
+        status, body, _ = await post(client, proxy.url + "/v1/chat/completions", {"model": "m", "stream": True})
+        assert status == 200
+        assert sha(body) == sha(b"".join(frames))
+    # CRLF and CR streams are still parsed: tokens were seen
+    assert all(r.timing.token_events == 20 for r in proxy.records)
+
+
+async def test_request_body_method_path_and_query_reach_upstream_unchanged(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    raw = b'{"model": "m",  "messages": [{"role":"user","content":"h\\u00e9"}]}'
+    async with client.put(proxy.url + "/v1/custom/a%2Fb?x=1&y=%20z&x=2", data=raw, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200
+    seen = proxy.upstream.seen[-1]
+    assert seen.method == "PUT"
+    assert seen.path_qs == "/v1/custom/a%2Fb?x=1&y=%20z&x=2"
+    assert seen.body == raw
+    for method in ("GET", "DELETE", "PATCH", "OPTIONS"):
+        async with client.request(method, proxy.url + "/v1/models") as r:
+            assert r.status == 200
+        assert proxy.upstream.seen[-1].method == method
+
+
+async def test_upstream_base_path_is_prefixed(start_proxy, client: aiohttp.ClientSession, upstream) -> None:  # type: ignore[no-untyped-def]
+    async with start_proxy(upstream=upstream.url + "/api") as p:
+        async with client.get(p.url + "/v1/models") as r:
+            assert r.status == 200
+    assert upstream.seen[-1].path_qs == "/api/v1/models"
+
+
+async def test_headers_seen_upstream(proxy: Proxied) -> None:
+    # a raw client, so no header is invented by the test's own client library
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))
+    body = b'{"model":"m"}'
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy.example:8787\r\n"
+        b"Authorization: Bearer sk-abc\r\nx-api-key: ant-key\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n"
+        b"Keep-Alive: timeout=5\r\nX-Forwarded-For: 9.9.9.9\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
+    seen = proxy.upstream.seen[-1].headers
+    assert seen["Host"] == proxy.upstream.url.removeprefix("http://")
+    assert seen["Authorization"] == "Bearer sk-abc"
+    assert seen["x-api-key"] == "ant-key"
+    assert seen["X-Forwarded-For"] == "9.9.9.9, 127.0.0.1"
+    assert "X-Hop" not in seen and "Keep-Alive" not in seen
+    assert "Accept-Encoding" not in seen  # never invented
+    assert "User-Agent" not in seen
+    assert seen["Content-Length"] == str(len(body))
+
+
+async def test_gzip_body_is_forwarded_compressed_and_exact(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    payload = gzip.compress(json.dumps({"choices": [], "usage": {"prompt_tokens": 1}}).encode() * 50)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=payload, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    proxy.serve(handler)
+    status, body, resp = await post(client, proxy.url + "/v1/chat/completions", {"model": "m"}, headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and resp.headers["Content-Encoding"] == "gzip"
+    assert sha(body) == sha(payload)
+    assert proxy.upstream.seen[-1].headers["Accept-Encoding"] == "gzip"
+
+
+async def test_error_status_and_body_pass_through(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    error = {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}}
+    for status_code, error_type in ((401, "auth"), (429, "rate_limited"), (500, "upstream_error"), (400, "bad_request")):
+        proxy.serve(json_handler(error, status=status_code, headers={"x-request-id": "req-1", "retry-after": "3"}))
+        status, body, resp = await post(client, proxy.url + "/v1/chat/completions", {"model": "m", "stream": True})
+        assert status == status_code
+        assert json.loads(body) == error
+        assert resp.headers["x-request-id"] == "req-1" and resp.headers["retry-after"] == "3"
+        assert proxy.records[-1].error_type == error_type
+    proxy.serve(json_handler({"error": {"message": "The model `nope` does not exist", "code": "model_not_found"}}, status=404))
+    await post(client, proxy.url + "/v1/chat/completions", {"model": "nope"})
+    assert proxy.records[-1].error_type == "model_not_found"
+
+
+async def test_cookies_are_never_kept_between_requests(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok", headers={"Set-Cookie": "session=tenant-a; Path=/"})
+
+    proxy.serve(handler)
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as fresh:
+        async with fresh.get(proxy.url + "/a") as r:
+            assert r.headers["Set-Cookie"].startswith("session=tenant-a")  # passed to the client
+        async with fresh.get(proxy.url + "/b") as r:
+            assert r.status == 200
+    assert "Cookie" not in proxy.upstream.seen[-1].headers  # but never replayed by the proxy
+
+
+async def test_chunks_are_not_coalesced(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    frames = chat_stream(10)
+    proxy.serve(stream_handler(frames, gap=0.05))
+    arrivals: list[bytes] = []
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+        async for data in r.content.iter_any():
+            arrivals.append(data)
+    # 50 ms apart upstream: each frame must reach the client on its own, not batched
+    assert len(arrivals) >= len(frames) - 1
+    assert b"".join(arrivals) == b"".join(frames)

@@ -1,0 +1,45 @@
+"""Header rules: hop-by-hop never crosses, framing is aiohttp's, end-to-end headers pass untouched."""
+
+from __future__ import annotations
+
+from proxy.headers import HOP_BY_HOP, request_headers, response_headers
+
+
+def test_hop_by_hop_and_connection_named_headers_are_dropped() -> None:
+    incoming = [
+        ("Host", "proxy.local:8787"),
+        ("Connection", "keep-alive, X-Private"),
+        ("X-Private", "1"),
+        ("Keep-Alive", "timeout=5"),
+        ("Proxy-Authorization", "Basic abc"),
+        ("TE", "trailers"),
+        ("Upgrade", "h2c"),
+        ("Transfer-Encoding", "chunked"),
+        ("Content-Length", "10"),
+        ("Expect", "100-continue"),
+        ("Authorization", "Bearer sk-test"),
+        ("x-api-key", "key"),
+        ("Accept-Encoding", "br"),
+        ("Content-Type", "application/json"),
+    ]
+    out = request_headers(incoming, "10.1.2.3")
+    names = {k.lower() for k in out}
+    assert not names & HOP_BY_HOP
+    assert not names & {"host", "content-length", "x-private", "expect"}
+    assert out["Authorization"] == "Bearer sk-test"
+    assert out["x-api-key"] == "key"
+    assert out["Accept-Encoding"] == "br"
+    assert out["Content-Type"] == "application/json"
+
+
+def test_x_forwarded_for_is_appended() -> None:
+    assert request_headers([], "127.0.0.1")["X-Forwarded-For"] == "127.0.0.1"
+    out = request_headers([("X-Forwarded-For", "1.1.1.1"), ("x-forwarded-for", "2.2.2.2")], "127.0.0.1")
+    assert out.getall("X-Forwarded-For") == ["1.1.1.1, 2.2.2.2, 127.0.0.1"]
+
+
+def test_repeated_end_to_end_headers_keep_order() -> None:
+    out = response_headers([("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("Content-Encoding", "gzip"), ("Content-Length", "5")])
+    assert out.getall("Set-Cookie") == ["a=1", "b=2"]
+    assert out["Content-Encoding"] == "gzip"
+    assert "Content-Length" not in out

@@ -1,0 +1,100 @@
+"""Metric names and labels of the contract, exemplars, bounded model labels, the metrics port."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import BUCKETS_LATENCY, ModelLabels
+from tests.conftest import Proxied
+from tests.fakes import chat_stream, stream_handler
+
+CONTRACT = {
+    "taotrace_requests": ("counter", {"api", "model", "status_code", "error_type"}),
+    "taotrace_request_duration_seconds": ("histogram", {"api", "model"}),
+    "taotrace_time_to_first_token_seconds": ("histogram", {"api", "model"}),
+    "taotrace_time_per_output_token_seconds": ("histogram", {"api", "model"}),
+    "taotrace_inter_token_latency_seconds": ("histogram", {"api", "model"}),
+    "taotrace_phase_duration_seconds": ("histogram", {"api", "model", "phase"}),
+    "taotrace_tokens": ("counter", {"api", "model", "type"}),
+    "taotrace_in_flight_requests": ("gauge", {"api"}),
+}
+
+
+async def scrape(proxy: Proxied, accept: str = "") -> tuple[str, str]:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.metrics_url + "/metrics", headers={"Accept": accept} if accept else {}) as r:
+            assert r.status == 200
+            return r.headers["Content-Type"], await r.text()
+
+
+async def test_names_types_and_labels_match_the_contract(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(stream_handler(chat_stream(3)))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+        await r.read()
+    _, text = await scrape(proxy)
+    families = {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("taotrace")}
+    assert set(families) == set(CONTRACT)
+    for name, (kind, labels) in CONTRACT.items():
+        fam = families[name]
+        assert fam.type == kind, name
+        for sample in fam.samples:
+            assert set(sample.labels) - {"le"} == labels, (name, sample.labels)
+    assert "taotrace_requests_total{" in text and "taotrace_tokens_total{" in text
+    phases = {s.labels["phase"] for s in families["taotrace_phase_duration_seconds"].samples}
+    assert phases == {"network", "prefill_wait", "decode"}
+
+
+def test_latency_buckets_reach_from_1ms_past_300s() -> None:
+    assert BUCKETS_LATENCY[0] == 0.001 and BUCKETS_LATENCY[-1] >= 300
+
+
+async def test_exemplars_carry_the_trace_id_in_openmetrics(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(stream_handler(chat_stream(3)))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+        await r.read()
+    trace_id = proxy.records[-1].trace_id
+    assert trace_id and len(trace_id) == 32
+    ctype, text = await scrape(proxy, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+    assert ctype.startswith("application/openmetrics-text")
+    ttft_lines = [l for l in text.splitlines() if l.startswith("taotrace_time_to_first_token_seconds_bucket") and "#" in l]
+    assert ttft_lines and f'trace_id="{trace_id}"' in ttft_lines[0]
+    _, plain = await scrape(proxy)
+    assert "trace_id" not in plain  # the classic text format has no exemplars
+
+
+async def test_health_and_readiness(proxy: Proxied) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.metrics_url + "/healthz") as r:
+            assert r.status == 200
+        async with s.get(proxy.metrics_url + "/readyz") as r:
+            assert r.status == 200
+    proxy.srv.state.draining = True
+    async with aiohttp.ClientSession() as s:
+        async with s.get(proxy.metrics_url + "/readyz") as r:
+            assert r.status == 503
+    proxy.srv.state.draining = False
+
+
+async def test_proxy_port_reserves_no_path(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    for path in ("/metrics", "/healthz", "/readyz"):
+        async with client.get(proxy.url + path) as r:
+            assert r.status == 200
+        assert proxy.upstream.seen[-1].path_qs == path
+
+
+def test_model_labels_first_n_then_other() -> None:
+    labels = ModelLabels(limit=3)
+    assert [labels(m) for m in ("a", "b", "a", "c", "d", None, "")] == ["a", "b", "a", "c", "other", "unknown", "unknown"]
+    allow = ModelLabels(allowlist=frozenset({"gpt-4o"}))
+    assert (allow("gpt-4o"), allow("x")) == ("gpt-4o", "other")
+
+
+async def test_model_label_is_bounded_end_to_end(start_proxy, client: aiohttp.ClientSession, registry: CollectorRegistry) -> None:  # type: ignore[no-untyped-def]
+    async with start_proxy(max_models=5) as p:
+        for i in range(20):
+            async with client.post(p.url + "/v1/chat/completions", json={"model": f"made-up-{i}"}) as r:
+                await r.read()
+    models = {s.labels["model"] for m in registry.collect() if m.name == "taotrace_requests" for s in m.samples}
+    assert models == {f"made-up-{i}" for i in range(5)} | {"other"}

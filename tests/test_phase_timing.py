@@ -1,0 +1,160 @@
+"""Phase timing against an upstream with a known schedule: 300 ms prefill, then 20 ms per token.
+
+Tolerances are loose enough for a loaded 2-core machine, tight enough to catch a phase measured
+from the wrong event (e.g. first byte instead of first token, or TTFT divided by tokens).
+"""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.conftest import Proxied
+from tests.fakes import chat_chunk, named, sse, stream_handler, usage_chunk
+
+PREFILL = 0.300
+PER_TOKEN = 0.020
+TOKENS = 25
+
+
+def scheduled_chat() -> list[bytes]:
+    """Role-only chunk at once (first byte, not a token), first token after the prefill."""
+    frames = sse(chat_chunk(role="assistant", content=""), done=False)
+    frames += sse(*[chat_chunk(f"t{i}") for i in range(TOKENS)], done=False)
+    frames += sse(chat_chunk(finish="stop"), usage_chunk(40, TOKENS), done=True)
+    return frames
+
+
+async def stream_with_schedule(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    frames = scheduled_chat()
+    delays = [0.0, PREFILL] + [PER_TOKEN] * (TOKENS - 1) + [0.0, 0.0, 0.0]
+
+    async def handler(request):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        from aiohttp import web
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for frame, delay in zip(frames, delays, strict=True):
+            await asyncio.sleep(delay)
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
+    proxy.serve(handler)
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}) as r:
+        assert r.status == 200
+        await r.read()
+
+
+async def test_ttft_tpot_and_phases_match_the_schedule(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    await stream_with_schedule(proxy, client)
+    t = proxy.records[-1].timing
+    assert t.ttft == pytest.approx(PREFILL, abs=0.06)
+    assert t.ttfb is not None and t.ttfb < 0.1  # the role chunk came first: first byte is not first token
+    assert t.tpot == pytest.approx(PER_TOKEN, rel=0.25)
+    assert t.decode == pytest.approx(PER_TOKEN * (TOKENS - 1), rel=0.25)
+    assert t.prefill_wait is not None and t.network is not None
+    assert t.network + t.prefill_wait == pytest.approx(t.ttft)
+    assert len(t.itl) == TOKENS - 1
+    assert sorted(t.itl)[len(t.itl) // 2] == pytest.approx(PER_TOKEN, rel=0.3)
+    assert proxy.records[-1].usage.output_tokens == TOKENS
+    assert proxy.records[-1].usage_source == "reported"
+
+
+async def test_phase_spans_follow_the_schedule(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    await stream_with_schedule(proxy, client)
+    root = proxy.spans("chat gpt-4o-mini")[-1]
+    children = {s.name: s for s in proxy.spans() if s.parent is not None and s.parent.span_id == root.context.span_id}
+    assert set(children) == {"network", "prefill_wait", "decode"}
+    net, pre, dec = children["network"], children["prefill_wait"], children["decode"]
+    assert root.start_time == net.start_time
+    assert net.end_time == pre.start_time and pre.end_time == dec.start_time
+    assert dec.end_time <= root.end_time
+    assert (pre.end_time - root.start_time) / 1e9 == pytest.approx(PREFILL, abs=0.06)
+    assert (dec.end_time - dec.start_time) / 1e9 == pytest.approx(PER_TOKEN * (TOKENS - 1), rel=0.25)
+    assert root.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(PREFILL, abs=0.06)
+
+
+async def test_histograms_observe_the_schedule(proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry) -> None:
+    await stream_with_schedule(proxy, client)
+    labels = {"api": "chat_completions", "model": "gpt-4o-mini"}
+    ttft_sum = registry.get_sample_value("taotrace_time_to_first_token_seconds_sum", labels)
+    assert ttft_sum == pytest.approx(PREFILL, abs=0.06)
+    assert registry.get_sample_value("taotrace_time_to_first_token_seconds_count", labels) == 1
+    tpot_sum = registry.get_sample_value("taotrace_time_per_output_token_seconds_sum", labels)
+    assert tpot_sum == pytest.approx(PER_TOKEN, rel=0.25)
+    assert registry.get_sample_value("taotrace_inter_token_latency_seconds_count", labels) == TOKENS - 1
+    for phase in ("network", "prefill_wait", "decode"):
+        assert registry.get_sample_value("taotrace_phase_duration_seconds_count", {**labels, "phase": phase}) == 1
+    assert registry.get_sample_value("taotrace_tokens_total", {**labels, "type": "output"}) == TOKENS
+    assert registry.get_sample_value("taotrace_tokens_total", {**labels, "type": "input"}) == 40
+
+
+async def test_non_streaming_requests_stay_out_of_token_histograms(proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry) -> None:
+    from tests.fakes import json_handler
+
+    proxy.serve(json_handler({"id": "x", "model": "m", "choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 5, "completion_tokens": 7}}))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m"}) as r:
+        await r.read()
+    labels = {"api": "chat_completions", "model": "m"}
+    assert registry.get_sample_value("taotrace_request_duration_seconds_count", labels) == 1
+    assert registry.get_sample_value("taotrace_phase_duration_seconds_count", {**labels, "phase": "network"}) == 1
+    assert not registry.get_sample_value("taotrace_time_to_first_token_seconds_count", labels)
+    assert not registry.get_sample_value("taotrace_time_per_output_token_seconds_count", labels)
+    assert registry.get_sample_value("taotrace_tokens_total", {**labels, "type": "output"}) == 7
+
+
+@pytest.mark.parametrize("api", ["responses", "messages", "completions"])
+async def test_each_dialect_is_timed_from_its_first_token(api: str, proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    if api == "responses":
+        frames = [
+            named("response.created", {"type": "response.created", "response": {"id": "r", "model": "m", "status": "in_progress"}}),
+            named("response.in_progress", {"type": "response.in_progress"}),
+            *[named("response.output_text.delta", {"type": "response.output_text.delta", "delta": f"w{i}"}) for i in range(10)],
+            named("response.completed", {"type": "response.completed", "response": {"id": "r", "model": "m", "status": "completed", "usage": {"input_tokens": 3, "output_tokens": 10}}}),
+        ]
+        path = "/v1/responses"
+    elif api == "messages":
+        frames = [
+            named("message_start", {"type": "message_start", "message": {"id": "m", "model": "claude", "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+            named("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            named("ping", {"type": "ping"}),
+            *[named("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f"w{i}"}}) for i in range(10)],
+            named("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            named("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 10}}),
+            named("message_stop", {"type": "message_stop"}),
+        ]
+        path = "/v1/messages"
+    else:
+        frames = sse(*[{"id": "c", "model": "m", "choices": [{"index": 0, "text": f"w{i}"}]} for i in range(10)])
+        path = "/v1/completions"
+    # the non-token head frames come at once; the first token waits 200 ms
+    n_head = {"responses": 2, "messages": 3, "completions": 0}[api]
+
+    async def handler(request):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        from aiohttp import web
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, frame in enumerate(frames):
+            await asyncio.sleep(0.2 if i == n_head else 0.01)
+            await resp.write(frame)
+        await resp.write_eof()
+        return resp
+
+    proxy.serve(handler)
+    async with client.post(proxy.url + path, data=json.dumps({"model": "m", "stream": True})) as r:
+        assert r.status == 200
+        await r.read()
+    rec = proxy.records[-1]
+    assert rec.api == api
+    assert rec.timing.token_events == 10
+    assert rec.timing.ttft == pytest.approx(0.2 + 0.01 * n_head, abs=0.06)
+    assert rec.usage.output_tokens == 10

@@ -1,0 +1,98 @@
+"""Spans: GenAI names and attributes, traceparent continuation and injection upstream."""
+
+from __future__ import annotations
+
+import aiohttp
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tests.conftest import Proxied
+from tests.fakes import chat_stream, json_handler, stream_handler
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
+async def test_traceparent_is_continued_and_upstream_parent_is_ours(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(stream_handler(chat_stream(3)))
+    headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}, headers=headers) as r:
+        await r.read()
+    root = proxy.spans("chat gpt-4o-mini")[-1]
+    assert format(root.context.trace_id, "032x") == CLIENT_TRACE
+    assert root.parent is not None and format(root.parent.span_id, "016x") == CLIENT_SPAN
+    sent = proxy.upstream.seen[-1].headers.getall("traceparent")
+    assert len(sent) == 1  # replaced, not duplicated
+    version, trace_id, parent_id, _flags = sent[0].split("-")
+    assert trace_id == CLIENT_TRACE
+    assert parent_id != CLIENT_SPAN  # the client's span would make siblings
+    assert parent_id == format(root.context.span_id, "016x")
+    assert proxy.records[-1].trace_id == CLIENT_TRACE
+
+
+async def test_new_trace_without_traceparent(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    async with client.get(proxy.url + "/v1/models") as r:
+        await r.read()
+    root = proxy.spans("GET")[-1]
+    assert root.parent is None
+    assert proxy.upstream.seen[-1].headers["traceparent"].split("-")[1] == format(root.context.trace_id, "032x")
+
+
+async def test_root_span_attributes(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(stream_handler(chat_stream(4)))
+    async with client.post(proxy.url + "/v1/chat/completions?api-version=1", json={"model": "gpt-4o-mini", "stream": True}) as r:
+        await r.read()
+    root = proxy.spans("chat gpt-4o-mini")[-1]
+    a = root.attributes
+    assert root.kind == SpanKind.CLIENT
+    host, port = proxy.upstream.url.removeprefix("http://").split(":")
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.provider.name"] == "openai"
+    assert a["gen_ai.request.model"] == "gpt-4o-mini"
+    assert a["gen_ai.response.model"] == "gpt-4o-mini-2024-07-18"
+    assert a["gen_ai.request.stream"] is True
+    assert a["gen_ai.usage.input_tokens"] == 12 and a["gen_ai.usage.output_tokens"] == 4
+    assert a["gen_ai.response.finish_reasons"] == ("stop",)
+    assert a["gen_ai.response.id"] == "chatcmpl-1"
+    assert a["gen_ai.response.time_to_first_chunk"] > 0
+    assert a["server.address"] == host and a["server.port"] == int(port)
+    assert a["http.request.method"] == "POST" and a["http.response.status_code"] == 200
+    assert a["url.path"] == "/v1/chat/completions"
+    assert a["url.full"].endswith("/v1/chat/completions?api-version=REDACTED")
+    assert "error.type" not in a
+    assert root.status.status_code == StatusCode.UNSET
+
+
+async def test_anthropic_span_name_and_provider(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(json_handler({"id": "msg", "model": "claude-x", "content": [], "usage": {"input_tokens": 1, "output_tokens": 1}}))
+    async with client.post(proxy.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 5}) as r:
+        await r.read()
+    root = proxy.spans("chat claude-x")[-1]
+    assert root.attributes["gen_ai.provider.name"] == "anthropic"
+    assert [s.name for s in proxy.spans() if s.parent and s.parent.span_id == root.context.span_id] == ["network"]
+
+
+async def test_error_span_has_error_type(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(json_handler({"error": {"message": "bad key"}}, status=401))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+        await r.read()
+    root = proxy.spans("chat m")[-1]
+    assert root.attributes["error.type"] == "auth"
+    assert root.status.status_code == StatusCode.ERROR
+
+
+async def test_prompt_text_is_not_recorded_by_default(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(stream_handler(chat_stream(2)))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]}) as r:
+        await r.read()
+    for span in proxy.spans():
+        assert "PROMPT-CANARY" not in repr(dict(span.attributes or {}))
+
+
+async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
+    async with start_proxy(capture_content=True) as p:
+        p.serve(stream_handler(chat_stream(2)))
+        async with client.post(p.url + "/v1/chat/completions", json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]}) as r:
+            await r.read()
+        root = p.spans("chat m")[-1]
+        assert "PROMPT-CANARY" in root.attributes["gen_ai.input.messages"]
+        assert root.attributes["gen_ai.output.messages"] == "tok0 tok1 "
