@@ -19,6 +19,7 @@ from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
+from proxy.accesslog import AccessLog
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
 from proxy.metrics import Metrics, ModelLabels
 from proxy.settings import Settings
@@ -68,7 +69,9 @@ async def running(
     )
     metrics = Metrics(registry, ModelLabels(frozenset(settings.model_allowlist), settings.max_models))
     state = ServerState()
-    observers = (on_record,) if on_record is not None else ()
+    observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
+    if settings.access_log:
+        observers.append(AccessLog(logging.getLogger("taotrace.access")))
     proxy_runner = web.AppRunner(
         create_proxy_app(settings, telemetry, metrics, state, observers),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
