@@ -1,0 +1,753 @@
+"""Side-by-side overhead benchmark: direct vs nginx vs taotrace (export on/off) vs LiteLLM.
+
+    make bench                      # full run (~15 min on 2 cores)
+    make bench ARGS=--quick         # ~2 min, for iteration
+    python tests/bench/run.py --help
+
+Everything runs on loopback. The bench upstream (`upstream.py`), the OTLP sink and this client
+share core 0; the proxy under test gets core 1 to itself (`taskset`). Arms are interleaved batch
+by batch (A B C D E, B C D E A, ...), after a discarded warm-up. A batch is C streams started
+together on pre-opened keep-alive connections; TTFT runs from the moment a request is written
+to the arrival of the first token event. Proxy CPU comes from /proc/<pid>/task/*/schedstat
+(nanoseconds), memory from VmRSS, both summed over the proxy's process tree.
+
+Results: a table on stdout, JSON in tests/bench/results/ (latest.json and a dated copy), and
+every child's log beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+from client import HOLD_MODEL, MODEL, Pool, StreamStats, analyse, request_bytes  # noqa: E402
+from payload import run as aio_run  # noqa: E402
+from procs import Proc, free_port, wait_port  # noqa: E402
+
+PY = sys.executable
+LOAD_CPU, PROXY_CPU = "0", "1"
+ARM_ORDER = ("direct", "nginx", "taotrace", "taotrace-noexport", "litellm")
+HOLD_TOKENS = 4
+MS = 1e6  # ns per ms
+
+# --------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: cells (concurrency x length), batches per cell, rounds."""
+
+    concurrency: tuple[int, ...]
+    lengths: tuple[int, ...]
+    rounds: int
+    samples: int  # TTFT samples per cell per round for 16-token streams (fewer for longer)
+    hold: int
+    ttft_ms: float
+    interval_ms: float
+
+    def reps(self, conc: int, tokens: int) -> int:
+        """Batches per arm per round: many short streams (TTFT p99), few long ones (CPU, gaps)."""
+        per_round = max(1, self.samples * 16 // max(16, tokens))
+        return max(1, math.ceil(per_round / conc))
+
+    def est_seconds(self, arms: int) -> float:
+        total = 0.0
+        for c in self.concurrency:
+            for n in self.lengths:
+                batch = (self.ttft_ms + n * self.interval_ms) / 1e3 + 0.02
+                total += self.reps(c, n) * batch
+        return total * arms * self.rounds
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    quick = args.quick
+    conc = tuple(args.concurrency or (1, 8, 32, 128))
+    lengths = tuple(args.lengths or ((16, 256) if quick else (16, 256, 1024)))
+    return Plan(
+        concurrency=conc,
+        lengths=lengths,
+        rounds=args.rounds or (1 if quick else 2),
+        samples=args.samples or (30 if quick else 120),
+        hold=args.hold or (500 if quick else 1000),
+        ttft_ms=args.ttft_ms,
+        interval_ms=args.interval_ms,
+    )
+
+
+# --------------------------------------------------------------------------------------- arms
+
+
+@dataclass
+class Arm:
+    """One way to reach the upstream, and the process (if any) that is measured."""
+
+    name: str
+    port: int
+    proc: Proc | None = None
+    metrics_port: int | None = None
+    pool: Pool = field(init=False)
+    pending: tuple[Cell, int, int] | None = None  # (cell, batch index, cpu ns at batch start)
+    rss: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pool = Pool("127.0.0.1", self.port)
+
+    def cpu(self) -> int:
+        return self.proc.cpu_ns() if self.proc else 0
+
+    def rss_kib(self) -> int:
+        return self.proc.rss_kib() if self.proc else 0
+
+
+@dataclass
+class Cell:
+    """Samples of one (arm, concurrency, stream length)."""
+
+    arm: str
+    conc: int
+    tokens: int
+    ttft: array = field(default_factory=lambda: array("q"))
+    ttfb: array = field(default_factory=lambda: array("q"))
+    gaps: array = field(default_factory=lambda: array("q"))
+    max_gap: int = 0
+    streams: int = 0
+    ok: int = 0
+    exact: int = 0
+    events: int = 0
+    errors: Counter = field(default_factory=Counter)
+    batches: list[list[int]] = field(default_factory=list)  # [requests, events, cpu ns]
+
+
+class Bench:
+    """Starts everything, runs the plan, reduces the samples."""
+
+    def __init__(self, args: argparse.Namespace, plan: Plan, outdir: Path) -> None:
+        self.args = args
+        self.plan = plan
+        self.out = outdir
+        self.procs: list[Proc] = []
+        self.arms: dict[str, Arm] = {}
+        self.skipped: dict[str, str] = {}
+        self.cells: dict[tuple[str, int, int], Cell] = {}
+        self.upstream_port = 0
+        self.sink_port = 0
+        self.hold: dict[str, dict[str, object]] = {}
+        self.checks: dict[str, object] = {}
+
+    # ------------------------------------------------------------------ processes
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    def _start(self, proc: Proc, port: int, timeout: float = 30.0) -> Proc:
+        self.procs.append(proc.start())
+        try:
+            wait_port(port, timeout, proc.popen)
+        except Exception as exc:
+            raise RuntimeError(f"{proc.name} did not start: {exc}\n{proc.tail()}") from exc
+        return proc
+
+    def start_all(self, wanted: list[str]) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TAOTRACE_"))}
+        self.upstream_port = free_port()
+        self._start(
+            Proc(
+                "upstream",
+                [PY, str(HERE / "upstream.py"), "--port", str(self.upstream_port),
+                 "--ttft-ms", str(self.plan.ttft_ms), "--interval-ms", str(self.plan.interval_ms)],
+                self.out / "upstream.log", cpus=LOAD_CPU, env=env,
+            ),
+            self.upstream_port,
+        )
+        upstream_url = f"http://127.0.0.1:{self.upstream_port}"
+        if "direct" in wanted:
+            self.arms["direct"] = Arm("direct", self.upstream_port)
+        if "nginx" in wanted:
+            self._start_nginx(env)
+        for name in ("taotrace", "taotrace-noexport"):
+            if name in wanted:
+                self._start_taotrace(name, env, upstream_url)
+        if "litellm" in wanted:
+            self._start_litellm(env)
+        self.arms = {n: self.arms[n] for n in ARM_ORDER if n in self.arms}
+
+    def _start_nginx(self, env: dict[str, str]) -> None:
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if nginx is None and not self.args.no_install and os.geteuid() == 0:
+            self.log("installing nginx (apt-get)")
+            subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx",
+                           shell=True, check=False, stdout=subprocess.DEVNULL)
+            nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+        if nginx is None:
+            self.skipped["nginx"] = "nginx not installed (apt-get install nginx)"
+            return
+        prefix = self.out / "nginx"
+        for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            (prefix / "tmp" / sub).mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        conf = (HERE / "nginx.conf.template").read_text().format(
+            prefix=prefix, port=port, upstream_port=self.upstream_port,
+            affinity="1" + "0" * int(PROXY_CPU),  # bit mask: core PROXY_CPU
+        )
+        (prefix / "nginx.conf").write_text(conf)
+        proc = Proc("nginx", [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")],
+                    self.out / "nginx.log", cpus=PROXY_CPU, env=env)
+        self._start(proc, port)
+        self.arms["nginx"] = Arm("nginx", port, proc)
+
+    def _start_taotrace(self, name: str, env: dict[str, str], upstream_url: str) -> None:
+        probe = subprocess.run([PY, "-c", "import proxy.serve"], cwd=ROOT, capture_output=True, text=True)
+        if probe.returncode != 0:
+            self.skipped[name] = "proxy.serve not importable: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
+            return
+        port, mport = free_port(), free_port()
+        penv = dict(env)
+        if name == "taotrace":
+            if not self.sink_port:
+                self.sink_port = free_port()
+                self._start(Proc("otlp-sink", [PY, str(HERE / "otlp_sink.py"), "--port", str(self.sink_port)],
+                                 self.out / "otlp-sink.log", cpus=LOAD_CPU, env=env), self.sink_port)
+            penv.update(
+                OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{self.sink_port}",
+                OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+                OTEL_SERVICE_NAME="taotrace-bench",
+            )
+        proc = Proc(name, [PY, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port),
+                           "--metrics-port", str(mport)],
+                    self.out / f"{name}.log", cpus=PROXY_CPU, env=penv, cwd=str(ROOT))
+        self._start(proc, port)
+        self.arms[name] = Arm(name, port, proc, metrics_port=mport)
+
+    def _start_litellm(self, env: dict[str, str]) -> None:
+        script = HERE / "litellm.sh"
+        venv_bin = HERE / ".litellm-venv" / "bin" / "litellm"
+        if not self.args.no_install:
+            r = subprocess.run(["bash", str(script), "install"], check=False)
+            if r.returncode != 0:
+                self.skipped["litellm"] = "litellm install failed (tests/bench/litellm.sh install)"
+                return
+        if not venv_bin.exists():
+            self.skipped["litellm"] = "not installed (tests/bench/litellm.sh install)"
+            return
+        port = free_port()
+        cfg = self.out / "litellm_config.yaml"
+        cfg.write_text((HERE / "litellm_config.yaml.template").read_text().format(upstream_port=self.upstream_port))
+        proc = Proc("litellm", ["bash", str(script), "run", str(cfg), str(port)], self.out / "litellm.log",
+                    cpus=PROXY_CPU, env=env)
+        self._start(proc, port, timeout=180)
+        self.arms["litellm"] = Arm("litellm", port, proc)
+
+    def stop_all(self) -> None:
+        for arm in self.arms.values():
+            arm.pool.close()
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    # ------------------------------------------------------------------ measuring
+    def cell(self, arm: str, conc: int, tokens: int) -> Cell:
+        key = (arm, conc, tokens)
+        if key not in self.cells:
+            self.cells[key] = Cell(arm, conc, tokens)
+        return self.cells[key]
+
+    def _close_pending(self, arm: Arm) -> None:
+        """CPU from a batch's start to the arm's next batch: deferred work (span export) counts."""
+        if arm.pending is not None:
+            cell, idx, cpu0 = arm.pending
+            cell.batches[idx][2] = arm.cpu() - cpu0
+            arm.pending = None
+
+    async def batch(self, arm: Arm, conc: int, tokens: int, record: bool, model: str = MODEL) -> list[StreamStats]:
+        conns, new = await arm.pool.acquire(conc)
+        if new:
+            await asyncio.sleep(0.01)  # let the proxy finish accepting before the clock starts
+        raw = request_bytes("127.0.0.1", arm.port, "/v1/chat/completions", model, tokens)
+        self._close_pending(arm)
+        cpu0 = arm.cpu()
+        futs = [c.send(raw) for c in conns]
+        timeout = 30 + 20 * (self.plan.ttft_ms + tokens * self.plan.interval_ms) / 1e3
+        done, pending = await asyncio.wait(futs, timeout=timeout)
+        results: list[StreamStats] = []
+        for f in futs:
+            if f in done:
+                results.append(analyse(f.result(), model, tokens))
+            else:
+                results.append(StreamStats(False, False, -1, -1, [], 0, "timeout"))
+        arm.pool.release(conns)
+        if record:
+            cell = self.cell(arm.name, conc, tokens)
+            events = 0
+            for s in results:
+                cell.streams += 1
+                events += s.events
+                if s.ok:
+                    cell.ok += 1
+                    cell.ttft.append(s.ttft)
+                    cell.ttfb.append(s.ttfb)
+                    cell.gaps.extend(s.gaps)
+                    if s.gaps:
+                        cell.max_gap = max(cell.max_gap, max(s.gaps))
+                else:
+                    cell.errors[s.error or "?"] += 1
+                cell.exact += s.exact
+            cell.events += events
+            cell.batches.append([conc, events, 0])
+            arm.pending = (cell, len(cell.batches) - 1, cpu0)
+        await asyncio.sleep(0.005)
+        return results
+
+    async def sanity(self) -> None:
+        for arm in self.arms.values():
+            res = await self.batch(arm, 1, 8, record=False)
+            s = res[0]
+            self.checks[f"{arm.name}_sanity"] = {"ok": s.ok, "exact": s.exact, "error": s.error}
+            self.log(f"sanity {arm.name:18} ok={s.ok} byte-exact={s.exact} ttft={s.ttft / MS:.2f}ms {s.error or ''}")
+
+    async def warmup(self) -> None:
+        for conc in sorted({1, *self.plan.concurrency}):
+            for _ in range(5 if conc == 1 else 2):
+                for arm in self.arms.values():
+                    await self.batch(arm, conc, 16, record=False)
+
+    async def sweep(self) -> None:
+        arms = list(self.arms.values())
+        for rnd in range(self.plan.rounds):
+            t0 = time.monotonic()
+            for conc in self.plan.concurrency:
+                for tokens in self.plan.lengths:
+                    for rep in range(self.plan.reps(conc, tokens)):
+                        k = (rep + rnd) % len(arms)
+                        for arm in arms[k:] + arms[:k]:
+                            await self.batch(arm, conc, tokens, record=True)
+            await asyncio.sleep(1.0)
+            for arm in arms:
+                self._close_pending(arm)
+                arm.rss[f"after_round_{rnd + 1}"] = arm.rss_kib()
+            self.log(f"round {rnd + 1}/{self.plan.rounds} done in {time.monotonic() - t0:.0f}s")
+
+    async def hold_test(self, arm: Arm) -> None:
+        """Hold N streams open after their first token; RSS per stream; then finish them all."""
+        n = self.plan.hold
+        await asyncio.sleep(0.5)
+        rss0 = arm.rss_kib()
+        t0 = time.monotonic()
+        try:
+            conns, _ = await arm.pool.acquire(n)
+        except OSError as exc:
+            self.hold[arm.name] = {"streams": n, "error": f"connect: {exc}"}
+            return
+        loop = asyncio.get_running_loop()
+        firsts = [loop.create_future() for _ in conns]
+        raw = request_bytes("127.0.0.1", arm.port, "/v1/chat/completions", HOLD_MODEL, HOLD_TOKENS)
+        futs = []
+        for c, f in zip(conns, firsts):
+            futs.append(c.send(raw, on_first=lambda f=f: f.done() or f.set_result(None)))
+            await asyncio.sleep(0)  # a client-side burst of 1,000 writes is fine; let reads in
+        await asyncio.wait(firsts, timeout=120)
+        opened = sum(f.done() for f in firsts)
+        await asyncio.sleep(1.0)
+        rss1 = arm.rss_kib()
+        released = await http_get_json(self.upstream_port, "/bench/release")
+        done, _ = await asyncio.wait(futs, timeout=120)
+        results = [analyse(f.result(), HOLD_MODEL, HOLD_TOKENS) if f in done else
+                   StreamStats(False, False, -1, -1, [], 0, "timeout") for f in futs]
+        arm.pool.release(conns)
+        arm.pool.close()
+        await asyncio.sleep(2.0)
+        rss2 = arm.rss_kib()
+        errors = Counter(s.error for s in results if not s.ok)
+        self.hold[arm.name] = {
+            "streams": n,
+            "opened": opened,
+            "completed_ok": sum(s.ok for s in results),
+            "byte_exact": sum(s.exact for s in results),
+            "errors": dict(errors),
+            "released_by_upstream": released.get("released"),
+            "rss_before_kib": rss0,
+            "rss_open_kib": rss1,
+            "rss_after_kib": rss2,
+            "kib_per_stream": (rss1 - rss0) / n if arm.proc else None,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        self.log(f"hold {arm.name:18} {opened}/{n} open, {self.hold[arm.name]['completed_ok']} ok, "
+                 f"{((rss1 - rss0) / n) if arm.proc else 0:.1f} KiB/stream")
+
+    async def collect_checks(self) -> None:
+        if self.sink_port:
+            self.checks["otlp_sink"] = await http_get_json(self.sink_port, "/stats")
+        for arm in self.arms.values():
+            if arm.metrics_port:
+                text = await http_get_text(arm.metrics_port, "/metrics")
+                total = 0.0
+                for line in text.splitlines():
+                    if line.startswith("taotrace_requests_total{"):
+                        total += float(line.rsplit(" ", 1)[1])
+                self.checks[f"{arm.name}_requests_total"] = total
+
+    async def main(self) -> None:
+        self.log("sanity check (one 8-token stream per arm)")
+        await self.sanity()
+        self.log("warm-up (discarded)")
+        await self.warmup()
+        await asyncio.sleep(1.0)
+        for arm in self.arms.values():
+            arm.rss["after_warmup"] = arm.rss_kib()
+        est = self.plan.est_seconds(len(self.arms))
+        self.log(f"sweep: {len(self.arms)} arms x {len(self.plan.concurrency)} x {len(self.plan.lengths)} cells "
+                 f"x {self.plan.rounds} rounds (~{est:.0f}s if no arm is overloaded)")
+        await self.sweep()
+        for arm in self.arms.values():
+            await self.hold_test(arm)
+        await self.collect_checks()
+
+
+# --------------------------------------------------------------------------------------- tiny http
+
+
+async def _http_get(port: int, path: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+    data = await asyncio.wait_for(reader.read(-1), 30)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        out, pos = bytearray(), 0
+        while True:
+            eol = body.find(b"\r\n", pos)
+            size = int(body[pos:eol], 16)
+            if size == 0:
+                break
+            out += body[eol + 2 : eol + 2 + size]
+            pos = eol + 2 + size + 2
+        body = bytes(out)
+    return body
+
+
+async def http_get_json(port: int, path: str) -> dict[str, object]:
+    try:
+        return json.loads(await _http_get(port, path))
+    except (OSError, ValueError, asyncio.TimeoutError) as exc:
+        return {"error": repr(exc)}
+
+
+async def http_get_text(port: int, path: str) -> str:
+    try:
+        return (await _http_get(port, path)).decode(errors="replace")
+    except (OSError, asyncio.TimeoutError):
+        return ""
+
+
+# --------------------------------------------------------------------------------------- report
+
+
+def pct(values: array | list[int], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), in the values' unit."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def fit_cpu(batches: list[list[int]]) -> tuple[float, float]:
+    """Least squares cpu = a*requests + b*events: fixed µs per request, marginal µs per event."""
+    srr = sre = see = src = sec = 0.0
+    for req, ev, cpu in batches:
+        srr += req * req
+        sre += req * ev
+        see += ev * ev
+        src += req * cpu
+        sec += ev * cpu
+    det = srr * see - sre * sre
+    if det <= 0:
+        return math.nan, math.nan
+    a = (src * see - sec * sre) / det
+    b = (sec * srr - src * sre) / det
+    return a / 1e3, b / 1e3
+
+
+def reduce(bench: Bench) -> dict[str, object]:
+    plan = bench.plan
+    rows = []
+    pooled: dict[tuple[str, int], dict[str, array]] = {}
+    for (arm, conc, tokens), c in bench.cells.items():
+        p = pooled.setdefault((arm, conc), {"ttft": array("q"), "gaps": array("q")})
+        p["ttft"].extend(c.ttft)
+        p["gaps"].extend(c.gaps)
+    for (arm, conc, tokens), c in sorted(bench.cells.items(), key=lambda kv: (ARM_ORDER.index(kv[0][0]), kv[0][1], kv[0][2])):
+        d = bench.cells.get(("direct", conc, tokens))
+        cpu = sum(b[2] for b in c.batches)
+        reqs = sum(b[0] for b in c.batches)
+        row = {
+            "arm": arm, "concurrency": conc, "tokens": tokens, "streams": c.streams, "ok": c.ok,
+            "byte_exact": c.exact, "errors": dict(c.errors),
+            "ttft_p50_ms": pct(c.ttft, 0.5) / MS, "ttft_p99_ms": pct(c.ttft, 0.99) / MS,
+            "ttfb_p50_ms": pct(c.ttfb, 0.5) / MS,
+            "gap_p50_ms": pct(c.gaps, 0.5) / MS, "gap_p99_ms": pct(c.gaps, 0.99) / MS,
+            "gap_max_ms": c.max_gap / MS,
+            "cpu_us_per_event": (cpu / c.events / 1e3) if (c.events and arm != "direct") else None,
+            "cpu_us_per_request": (cpu / reqs / 1e3) if (reqs and arm != "direct") else None,
+        }
+        if d is not None and d.ttft and c.ttft:
+            row["added_ttft_p50_ms"] = row["ttft_p50_ms"] - pct(d.ttft, 0.5) / MS
+            row["added_ttft_p99_ms"] = row["ttft_p99_ms"] - pct(d.ttft, 0.99) / MS
+            row["added_gap_p99_ms"] = row["gap_p99_ms"] - pct(d.gaps, 0.99) / MS if d.gaps and c.gaps else None
+        rows.append(row)
+
+    by_conc = []
+    for (arm, conc), p in sorted(pooled.items(), key=lambda kv: (ARM_ORDER.index(kv[0][0]), kv[0][1])):
+        d = pooled.get(("direct", conc))
+        entry = {"arm": arm, "concurrency": conc, "samples": len(p["ttft"]),
+                 "ttft_p50_ms": pct(p["ttft"], 0.5) / MS, "ttft_p99_ms": pct(p["ttft"], 0.99) / MS,
+                 "gap_p99_ms": pct(p["gaps"], 0.99) / MS}
+        if d is not None:
+            entry["added_ttft_p50_ms"] = entry["ttft_p50_ms"] - pct(d["ttft"], 0.5) / MS
+            entry["added_ttft_p99_ms"] = entry["ttft_p99_ms"] - pct(d["ttft"], 0.99) / MS
+            entry["added_gap_p99_ms"] = entry["gap_p99_ms"] - pct(d["gaps"], 0.99) / MS
+        by_conc.append(entry)
+
+    arms = {}
+    for name, arm in bench.arms.items():
+        batches = [b for (a, _, _), c in bench.cells.items() if a == name for b in c.batches]
+        info: dict[str, object] = {"rss_kib": dict(arm.rss)}
+        if arm.proc is not None and batches:
+            per_req, per_ev = fit_cpu(batches)
+            info["cpu_fit_us_per_request"] = per_req
+            info["cpu_fit_us_per_event"] = per_ev
+            rounds = [v for k, v in arm.rss.items() if k.startswith("after_round_")]
+            if rounds:
+                info["rss_growth_kib_first_to_last_round"] = rounds[-1] - rounds[0]
+                info["rss_after_load_kib"] = rounds[-1]
+        if name in bench.hold:
+            info["hold"] = bench.hold[name]
+        arms[name] = info
+
+    return {"rows": rows, "by_concurrency": by_conc, "arms": arms}
+
+
+def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
+    """The issue's targets, judged on the telemetry-on arm."""
+    out: list[dict[str, object]] = []
+    bc = {(e["arm"], e["concurrency"]): e for e in result["by_concurrency"]}  # type: ignore[index]
+    arms = result["arms"]  # type: ignore[assignment]
+    tt = "taotrace"
+
+    def add(name: str, value: float | None, limit: str, ok: bool | None) -> None:
+        out.append({"target": name, "value": value, "limit": limit, "met": ok})
+
+    for conc, lim in ((1, 1.0), (32, 8.0)):
+        e = bc.get((tt, conc))
+        v = e.get("added_ttft_p99_ms") if e else None
+        add(f"added TTFT p99 @ {conc} stream(s)", v, f"<= {lim} ms", None if v is None else v <= lim)
+    a = arms.get(tt, {})
+    v = a.get("cpu_fit_us_per_event")
+    add("CPU per forwarded event (marginal)", v, "<= 30 us", None if v is None else v <= 30)
+    h = a.get("hold", {})
+    v = h.get("kib_per_stream")
+    add(f"RSS per idle open stream ({plan.hold} held)", v, "<= 48 KiB", None if v is None else v <= 48)
+    v = a.get("rss_growth_kib_first_to_last_round")
+    add("RSS growth round 1 -> last (leak)", v, "~0 (< 2 MiB)", None if v is None or plan.rounds < 2 else v < 2048)
+    worst = None
+    for e in result["by_concurrency"]:  # type: ignore[union-attr]
+        if e["arm"] == tt and e.get("added_gap_p99_ms") is not None:
+            worst = e["added_gap_p99_ms"] if worst is None else max(worst, e["added_gap_p99_ms"])
+    add("added inter-chunk gap p99 (worst concurrency)", worst, "<= 1 ms", None if worst is None else worst <= 1.0)
+    for conc in (1, 32):
+        t, l = bc.get((tt, conc)), bc.get(("litellm", conc))
+        if t and l and t.get("added_ttft_p50_ms") is not None and l.get("added_ttft_p50_ms") is not None:
+            ratio = l["added_ttft_p50_ms"] / max(t["added_ttft_p50_ms"], 0.01)
+            add(f"LiteLLM / taotrace added TTFT p50 @ {conc}", ratio, ">= 10x", ratio >= 10)
+        else:
+            add(f"LiteLLM / taotrace added TTFT p50 @ {conc}", None, ">= 10x", None)
+    ok = h.get("completed_ok")
+    add(f"{plan.hold} concurrent open streams, no errors", ok, f"== {plan.hold}",
+        None if ok is None else ok == plan.hold and not h.get("errors"))
+    return out
+
+
+def fmt(v: object, nd: int = 2) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
+    cols = ["arm", "conc", "tok", "n", "TTFT p50", "p99", "+TTFT p50", "+p99", "gap p99", "+gap p99",
+            "max gap", "CPU us/ev", "us/req", "ok", "exact", "err"]
+    lines = []
+    for r in result["rows"]:  # type: ignore[union-attr]
+        lines.append([
+            r["arm"], str(r["concurrency"]), str(r["tokens"]), str(r["streams"]),
+            fmt(r["ttft_p50_ms"]), fmt(r["ttft_p99_ms"]), fmt(r.get("added_ttft_p50_ms")),
+            fmt(r.get("added_ttft_p99_ms")), fmt(r["gap_p99_ms"]), fmt(r.get("added_gap_p99_ms")),
+            fmt(r["gap_max_ms"]), fmt(r["cpu_us_per_event"], 1), fmt(r["cpu_us_per_request"], 0),
+            f"{r['ok']}/{r['streams']}", str(r["byte_exact"]), str(sum(r["errors"].values())),
+        ])
+    widths = [max(len(c), *(len(l[i]) for l in lines)) if lines else len(c) for i, c in enumerate(cols)]
+    print()
+    print(f"taotrace overhead benchmark - {meta['machine']} - times in ms, CPU of the proxy process tree")
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for l in lines:
+        print("  ".join(v.rjust(w) for v, w in zip(l, widths)))
+    print()
+    print("per arm: CPU fit (fixed us/request + marginal us/event), memory (KiB)")
+    for name, a in result["arms"].items():  # type: ignore[union-attr]
+        h = a.get("hold", {})
+        print(f"  {name:18} cpu {fmt(a.get('cpu_fit_us_per_request'), 0):>6} us/req + {fmt(a.get('cpu_fit_us_per_event'), 1):>6} us/event"
+              f"   rss warm {fmt(a['rss_kib'].get('after_warmup'))} after-load {fmt(a.get('rss_after_load_kib'))}"
+              f" growth {fmt(a.get('rss_growth_kib_first_to_last_round'))}"
+              f"   hold {h.get('opened', '-')}/{h.get('streams', '-')} open, {h.get('completed_ok', '-')} ok,"
+              f" {fmt(h.get('kib_per_stream'), 1)} KiB/stream, rss after {fmt(h.get('rss_after_kib'))}")
+    print()
+    print("added TTFT by concurrency (all stream lengths pooled), ms:")
+    for e in result["by_concurrency"]:  # type: ignore[union-attr]
+        if e["arm"] != "direct":
+            print(f"  {e['arm']:18} conc {e['concurrency']:>4}  n {e['samples']:>5}  +p50 {fmt(e.get('added_ttft_p50_ms')):>7}"
+                  f"  +p99 {fmt(e.get('added_ttft_p99_ms')):>7}  +gap p99 {fmt(e.get('added_gap_p99_ms')):>6}")
+    if result.get("ratios"):
+        print()
+        print("ratios of added TTFT p50 (other / taotrace):")
+        for k, v in result["ratios"].items():  # type: ignore[union-attr]
+            print(f"  {k}: {fmt(v, 1)}")
+    print()
+    print("targets (taotrace, telemetry on):")
+    for t in result["targets"]:  # type: ignore[union-attr]
+        mark = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
+        print(f"  [{mark}] {t['target']}: {fmt(t['value'], 2)} (target {t['limit']})")
+    if meta.get("skipped"):
+        print()
+        for k, v in meta["skipped"].items():  # type: ignore[union-attr]
+            print(f"  arm {k} skipped: {v}")
+
+
+def ratios(result: dict[str, object]) -> dict[str, float]:
+    bc = {(e["arm"], e["concurrency"]): e for e in result["by_concurrency"]}  # type: ignore[index]
+    out = {}
+    for (arm, conc), e in bc.items():
+        if arm not in ("nginx", "litellm"):
+            continue
+        t = bc.get(("taotrace", conc))
+        if t is None or e.get("added_ttft_p50_ms") is None or t.get("added_ttft_p50_ms") is None:
+            continue
+        out[f"{arm} / taotrace @ {conc}"] = e["added_ttft_p50_ms"] / max(t["added_ttft_p50_ms"], 0.01)
+    return out
+
+
+def machine() -> str:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} x {model}, {mem:.0f} GiB, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    try:
+        out["taotrace_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                                text=True).stdout.strip()
+    except OSError:
+        pass
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    if Path(nginx).exists():
+        out["nginx"] = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
+    ll = HERE / ".litellm-venv" / "bin" / "python"
+    if ll.exists():
+        out["litellm"] = subprocess.run([str(ll), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                                        capture_output=True, text=True).stdout.strip()
+    import aiohttp
+
+    out["aiohttp"] = aiohttp.__version__
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="~2 minutes: 16/256 tokens, 1 round, 500 held streams")
+    ap.add_argument("--arms", default=",".join(ARM_ORDER), help="comma list from: " + ",".join(ARM_ORDER))
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], help="e.g. 1,8,32,128")
+    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], help="tokens per stream, e.g. 16,256,1024")
+    ap.add_argument("--rounds", type=int, help="measured rounds (after the warm-up)")
+    ap.add_argument("--samples", type=int, help="TTFT samples per cell per round at 16 tokens")
+    ap.add_argument("--hold", type=int, help="idle streams held open for the memory test")
+    ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream time to first token")
+    ap.add_argument("--interval-ms", type=float, default=5.0, help="upstream inter-token interval")
+    ap.add_argument("--no-install", action="store_true", help="never install nginx or LiteLLM; skip those arms")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args(argv)
+
+    wanted = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = set(wanted) - set(ARM_ORDER)
+    if unknown:
+        ap.error(f"unknown arms: {', '.join(sorted(unknown))}")
+    if "direct" not in wanted:
+        wanted.insert(0, "direct")  # every "added" figure is relative to it
+    plan = make_plan(args)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    outdir = args.out / stamp
+    outdir.mkdir(parents=True, exist_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want_fds = min(hard, max(soft, 4 * plan.hold + 1024))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want_fds, hard))  # children inherit it
+    if os.cpu_count() and os.cpu_count() >= 2:  # type: ignore[operator]
+        os.sched_setaffinity(0, {int(LOAD_CPU)})
+
+    bench = Bench(args, plan, outdir)
+    t0 = time.monotonic()
+    try:
+        bench.start_all(wanted)
+        bench.log("arms: " + ", ".join(bench.arms) + (f"; skipped: {bench.skipped}" if bench.skipped else ""))
+        aio_run(bench.main())
+    finally:
+        bench.stop_all()
+    result = reduce(bench)
+    result["ratios"] = ratios(result)
+    result["targets"] = targets(result, plan)
+    meta = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(),
+        "plan": plan.__dict__,
+        "quick": args.quick,
+        "pinning": {"proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU},
+        "skipped": bench.skipped,
+        "checks": bench.checks,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    result["meta"] = meta
+    print_table(result, meta)
+    text = json.dumps(result, indent=1, default=str)
+    (outdir / "result.json").write_text(text)
+    (args.out / "latest.json").write_text(text)
+    print(f"\nJSON: {outdir / 'result.json'} (also {args.out / 'latest.json'}); {meta['seconds']:.0f}s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""A minimal, fast, deterministic SSE upstream for the benchmark (not the simulator).
+
+Raw asyncio protocol on uvloop: HTTP/1.1 keep-alive, chunked responses, no framework, so the
+upstream costs little of the shared core and adds no jitter of its own. Each
+`POST .../chat/completions` streams `payload.stream_events(model, max_tokens)`:
+
+    t_request         response head + role-only chunk (first byte, not first token)
+    + ttft            token 0
+    + i * interval    token i (absolute deadlines: a late tick never shifts later ones)
+    after the last    finish chunk, usage chunk, `data: [DONE]`
+
+Model `bench-hold` stops after token 0 and holds the stream open until `GET /bench/release`
+(the idle-stream memory test). `GET /bench/stats` returns counters as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import orjson
+
+from payload import run, stream_events
+
+HOLD_MODEL = "bench-hold"
+_HEAD = (
+    b"HTTP/1.1 200 OK\r\n"
+    b"content-type: text/event-stream; charset=utf-8\r\n"
+    b"cache-control: no-cache\r\n"
+    b"x-request-id: req_bench\r\n"
+    b"transfer-encoding: chunked\r\n"
+    b"\r\n"
+)
+
+
+@lru_cache(maxsize=64)
+def framed_events(model: str, n_tokens: int) -> tuple[bytes, ...]:
+    """Each event already wrapped in its HTTP/1.1 chunk frame."""
+    return tuple(b"%x\r\n%s\r\n" % (len(e), e) for e in stream_events(model, n_tokens))
+
+
+@dataclass
+class Stats:
+    """Counters served at /bench/stats."""
+
+    requests: int = 0
+    completed: int = 0
+    aborted: int = 0
+    active: int = 0
+    held: set[Stream] = field(default_factory=set)
+
+
+class Stream:
+    """One paced response; owns its timer."""
+
+    __slots__ = ("conn", "frames", "n", "i", "t0", "ttft", "interval", "timer", "hold", "stats")
+
+    def __init__(self, conn: Conn, model: str, n_tokens: int, ttft: float, interval: float, stats: Stats) -> None:
+        self.conn = conn
+        self.frames = framed_events(model, n_tokens)
+        self.n = n_tokens
+        self.i = 0  # next token index
+        self.ttft = ttft
+        self.interval = interval
+        self.hold = model == HOLD_MODEL
+        self.stats = stats
+        self.timer: asyncio.TimerHandle | None = None
+        loop = asyncio.get_running_loop()
+        self.t0 = loop.time()
+        conn.transport.write(_HEAD + self.frames[0])
+        self.timer = loop.call_at(self.t0 + ttft, self.tick)
+
+    def tick(self) -> None:
+        self.timer = None
+        conn = self.conn
+        if conn.transport.is_closing():
+            return
+        if self.i < self.n:
+            conn.transport.write(self.frames[1 + self.i])
+            self.i += 1
+        if self.i >= self.n:
+            for frame in self.frames[1 + self.n :]:
+                conn.transport.write(frame)
+            conn.transport.write(b"0\r\n\r\n")
+            self.stats.completed += 1
+            self.stats.active -= 1
+            conn.stream = None
+            conn.response_done()
+            return
+        if self.hold and self.i == 1:
+            self.stats.held.add(self)
+            return
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_at(self.t0 + self.ttft + self.i * self.interval, self.tick)
+
+    def release(self) -> None:
+        """Resume a held stream: the remaining tokens follow at the usual interval from now."""
+        loop = asyncio.get_running_loop()
+        self.t0 = loop.time() - self.ttft - (self.i - 1) * self.interval
+        self.tick()
+
+    def abort(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.stats.held.discard(self)
+        self.stats.active -= 1
+        self.stats.aborted += 1
+
+
+class Conn(asyncio.Protocol):
+    """One client connection: parses requests (Content-Length or chunked bodies), keep-alive."""
+
+    def __init__(self, ttft: float, interval: float, stats: Stats) -> None:
+        self.ttft = ttft
+        self.interval = interval
+        self.stats = stats
+        self.buf = bytearray()
+        self.stream: Stream | None = None
+        self.close_after = False
+        self.transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.stream is not None:
+            self.stream.abort()
+            self.stream = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.stream is None:
+            self._parse()
+
+    def response_done(self) -> None:
+        if self.close_after:
+            self.transport.close()
+        elif self.buf:
+            self._parse()
+
+    def _parse(self) -> None:
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        method, target, _ = head[0].split(" ", 2)
+        headers = {}
+        for line in head[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        pos = end + 4
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = bytearray()
+            while True:
+                eol = self.buf.find(b"\r\n", pos)
+                if eol < 0:
+                    return
+                size = int(bytes(self.buf[pos:eol]).split(b";")[0], 16)
+                if len(self.buf) < eol + 2 + size + 2:
+                    return
+                body += self.buf[eol + 2 : eol + 2 + size]
+                pos = eol + 2 + size + 2
+                if size == 0:
+                    break
+        else:
+            length = int(headers.get("content-length", "0"))
+            if len(self.buf) < pos + length:
+                return
+            body = self.buf[pos : pos + length]
+            pos += length
+        del self.buf[:pos]
+        self.close_after = headers.get("connection", "").lower() == "close"
+        self._handle(method, target, bytes(body))
+
+    def _reply(self, status: str, body: bytes, ctype: str = "application/json") -> None:
+        self.transport.write(
+            b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (status.encode(), ctype.encode(), len(body), body)
+        )
+        self.response_done()
+
+    def _handle(self, method: str, target: str, body: bytes) -> None:
+        path = target.split("?", 1)[0]
+        if method == "POST" and path.endswith("/chat/completions"):
+            req = orjson.loads(body) if body else {}
+            model = str(req.get("model", "bench-model"))
+            n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+            self.stats.requests += 1
+            if not req.get("stream"):
+                self._reply("200 OK", _non_stream(model, n))
+                return
+            self.stats.active += 1
+            self.stream = Stream(self, model, n, self.ttft, self.interval, self.stats)
+        elif path == "/bench/release":
+            held = list(self.stats.held)
+            self.stats.held.clear()
+            for s in held:
+                s.release()
+            self._reply("200 OK", orjson.dumps({"released": len(held)}))
+        elif path == "/bench/stats":
+            s = self.stats
+            self._reply(
+                "200 OK",
+                orjson.dumps(
+                    {
+                        "requests": s.requests,
+                        "completed": s.completed,
+                        "aborted": s.aborted,
+                        "active": s.active,
+                        "held": len(s.held),
+                    }
+                ),
+            )
+        elif path.endswith("/models"):
+            self._reply("200 OK", orjson.dumps({"object": "list", "data": [{"id": "bench-model", "object": "model"}]}))
+        else:
+            self._reply("404 Not Found", b'{"error":{"message":"not found"}}')
+
+
+def _non_stream(model: str, n: int) -> bytes:
+    text = "".join(f" tok{i}" for i in range(n))
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
+        }
+    )
+
+
+async def serve(host: str, port: int, ttft: float, interval: float) -> None:
+    loop = asyncio.get_running_loop()
+    stats = Stats()
+    server = await loop.create_server(lambda: Conn(ttft, interval, stats), host, port, backlog=4096, reuse_address=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"bench upstream on http://{host}:{port} ttft={ttft * 1e3:g}ms interval={interval * 1e3:g}ms pid={os.getpid()}", flush=True)
+    async with server:
+        await stop.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--ttft-ms", type=float, default=20.0)
+    ap.add_argument("--interval-ms", type=float, default=5.0)
+    args = ap.parse_args()
+    run(serve(args.host, args.port, args.ttft_ms / 1e3, args.interval_ms / 1e3))
+
+
+if __name__ == "__main__":
+    main()
