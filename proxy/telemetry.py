@@ -36,18 +36,23 @@ def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
         return None
     if kind == "console":
         return ConsoleSpanExporter()
-    if not (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not (traces_endpoint or endpoint):
         return None  # no endpoint: no network export is attempted
     protocol = (
         env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
     ).lower()
+    # The endpoint is passed explicitly so a mapping given here wins; headers, timeout,
+    # compression and certificates are read by the exporter from the process environment.
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        return GrpcExporter()
+        return GrpcExporter(endpoint=traces_endpoint or endpoint)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    return HttpExporter()
+    # Per the spec, the generic endpoint gets the signal path appended; the traces one is used as is.
+    return HttpExporter(endpoint=traces_endpoint or f"{(endpoint or '').rstrip('/')}/v1/traces")
 
 
 def build_tracer_provider(env: Mapping[str, str] | None = None) -> TracerProvider:
@@ -58,7 +63,17 @@ def build_tracer_provider(env: Mapping[str, str] | None = None) -> TracerProvide
     exporter = _exporter_from_env(env)
     if exporter is not None:
         # The batch processor drops spans when its queue is full instead of blocking: requests first.
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        limits = {
+            arg: int(env[var])
+            for var, arg in (
+                ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
+                ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis"),
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size"),
+                ("OTEL_BSP_EXPORT_TIMEOUT", "export_timeout_millis"),
+            )
+            if env.get(var, "").isdigit()
+        }
+        provider.add_span_processor(BatchSpanProcessor(exporter, **limits))
     return provider
 
 

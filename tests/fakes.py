@@ -145,3 +145,44 @@ def chat_stream(n_tokens: int, *, usage: bool = True, sep: bytes = b"\n") -> lis
     if usage:
         objs.append(usage_chunk(12, n_tokens))
     return sse(*objs, sep=sep)
+
+
+@dataclass
+class OTLPSink:
+    """A real OTLP/HTTP traces receiver on port 0; keeps the raw protobuf payloads it was sent."""
+
+    payloads: list[bytes] = field(default_factory=list)
+    url: str = ""
+    status: int = 200
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> OTLPSink:
+        async def traces(request: web.Request) -> web.StreamResponse:
+            self.payloads.append(await request.read())
+            return web.Response(status=self.status, body=b"", content_type="application/x-protobuf")
+
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/traces", traces)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    def spans(self) -> list[object]:
+        """Decoded spans of every payload received so far."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        found: list[object] = []
+        for payload in self.payloads:
+            req = ExportTraceServiceRequest()
+            req.ParseFromString(payload)
+            for rs in req.resource_spans:
+                for ss in rs.scope_spans:
+                    found.extend(ss.spans)
+        return found
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
