@@ -11,7 +11,7 @@ from __future__ import annotations
 from proxy.sim.app import SIMULATOR, Simulator, create_app
 from proxy.sim.catalogue import DEFAULT_CATALOGUE, ModelSpec
 from proxy.sim.physics import Physics
-from proxy.sim.server import build_app, run, serve
+from proxy.sim.server import SimRunning, build_app, run, running
 from proxy.sim.settings import SimSettings
 
 __all__ = [
@@ -19,10 +19,11 @@ __all__ = [
     "SIMULATOR",
     "ModelSpec",
     "Physics",
+    "SimRunning",
     "SimSettings",
     "Simulator",
     "build_app",
     "create_app",
     "run",
-    "serve",
+    "running",
 ]

@@ -1,17 +1,18 @@
 """What the simulated models say: deterministic text, cut into one-token pieces.
 
 The answer and the reasoning are drawn from two fixed paragraphs (about the life of a request),
-starting at a sentence chosen by a seed, so equal requests get equal answers. Each piece is one
-output token; the counts the simulator reports are exactly the pieces it streamed.
+starting at a sentence chosen by a seed, so equal requests get equal answers. Each piece (a word
+with its leading space, or a punctuation mark) is one output token; the counts the simulator
+reports are exactly the pieces it streamed.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 
 from proxy.sim.catalogue import ModelSpec
-from proxy.sim.tokens import EstimateTokenizer
 
 __all__ = ["Output", "plan_output"]
 
@@ -36,7 +37,7 @@ _EFFORT = {"minimal": 0.0, "low": 0.5, "medium": 1.0, "high": 2.0}
 
 
 def _pieces(paragraph: str) -> tuple[str, ...]:
-    return tuple(EstimateTokenizer().pieces(paragraph))
+    return tuple(re.findall(r" ?\w+| ?[^\w\s]+", paragraph))
 
 
 _ANSWER_PIECES = _pieces(_ANSWER)

@@ -1,0 +1,252 @@
+"""A streaming measurement client: the seed article's script, done right.
+
+It sends one streaming request in any dialect and times it from just before the request is
+sent: first byte, first *token* (role-only, empty and usage-only chunks are not tokens — the
+article's `KeyError: 'choices'` trap), last token, end of stream. Output tokens come from the
+reported usage when there is one, else from the count of token events. Parsing reuses the
+proxy's own sans-IO SSE decoder and dialect readers, so client and proxy agree on what a
+token is.
+
+    TTFT   = t_first − t0
+    TPOT   = (t_last − t_first) / (output_tokens − 1)      (vLLM: the first token excluded)
+    tok/s  = output_tokens / (t_end − t_first)             (the decode rate the user sees)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.dialects import API_CHAT, API_COMPLETIONS, API_MESSAGES, API_RESPONSES, reader_for
+from proxy.sse import SSEDecoder
+
+__all__ = ["API_ALIASES", "Call", "Measurement", "api_name", "auth_headers", "error_message", "measure", "request_for"]
+
+API_ALIASES: dict[str, str] = {
+    "chat": API_CHAT,
+    "chat_completions": API_CHAT,
+    "completions": API_COMPLETIONS,
+    "responses": API_RESPONSES,
+    "messages": API_MESSAGES,
+}
+_PATHS = {API_CHAT: "/chat/completions", API_COMPLETIONS: "/completions", API_RESPONSES: "/responses", API_MESSAGES: "/messages"}
+_ENDS = {API_RESPONSES: ("response.completed", "response.incomplete", "response.failed"), API_MESSAGES: ("message_stop",)}
+ANTHROPIC_VERSION = "2023-06-01"
+ERROR_TEXT_LIMIT = 300
+
+
+def api_name(alias: str) -> str:
+    """`chat` -> `chat_completions`; the dialect names of the contract pass through."""
+    try:
+        return API_ALIASES[alias]
+    except KeyError:
+        raise ValueError(f"unknown api {alias!r}: use one of chat, completions, responses, messages") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One streaming request to make: dialect, model, prompt, output cap, extra body fields."""
+
+    api: str
+    model: str
+    prompt: str
+    max_tokens: int
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+def request_for(call: Call) -> tuple[str, dict[str, Any]]:
+    """The path (relative to the base URL) and JSON body of a call, streaming with usage."""
+    body: dict[str, Any] = {k: v for k, v in call.params.items() if k not in ("stream", "stream_options", "model")}
+    body["model"] = call.model
+    body["stream"] = True
+    if call.api == API_CHAT:
+        body["messages"] = [{"role": "user", "content": call.prompt}]
+        body.setdefault("max_tokens", call.max_tokens)
+        body["stream_options"] = {"include_usage": True}
+    elif call.api == API_COMPLETIONS:
+        body["prompt"] = call.prompt
+        body.setdefault("max_tokens", call.max_tokens)
+        body["stream_options"] = {"include_usage": True}
+    elif call.api == API_RESPONSES:
+        body["input"] = call.prompt
+        body.pop("max_tokens", None)
+        body.setdefault("max_output_tokens", call.max_tokens)
+    else:
+        body["messages"] = [{"role": "user", "content": call.prompt}]
+        body.setdefault("max_tokens", call.max_tokens)
+    if call.api != API_CHAT:
+        body.pop("max_completion_tokens", None)
+    return _PATHS[call.api], body
+
+
+def auth_headers(api: str, api_key: str | None) -> dict[str, str]:
+    """Bearer for OpenAI dialects; `x-api-key` + `anthropic-version` for messages."""
+    headers = {"anthropic-version": ANTHROPIC_VERSION} if api == API_MESSAGES else {}
+    if api_key:
+        if api == API_MESSAGES:
+            headers["x-api-key"] = api_key
+        else:
+            headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def error_message(body: bytes) -> str:
+    """The provider's error message from a JSON error body (or the start of the raw text)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace").strip()
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            kind = err.get("code") or err.get("type")
+            return f"{err['message']}" + (f" ({kind})" if isinstance(kind, str) else "")
+        if isinstance(err, str):
+            return err
+    return body[:ERROR_TEXT_LIMIT].decode("utf-8", "replace").strip()
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One streamed call as the client saw it; seconds from just before the request was sent."""
+
+    api: str
+    model: str
+    status: int
+    ttfb_s: float | None
+    ttft_s: float | None
+    total_s: float
+    output_tokens: int
+    usage_source: str  # reported | counted
+    tpot_s: float | None
+    tokens_per_s: float | None
+    token_events: int
+    events: int  # SSE events received
+    unparsed: int  # events that were neither JSON nor `[DONE]`
+    ended: bool  # the dialect's end marker arrived ([DONE], message_stop, response.completed)
+    usage_reported: bool
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    response_id: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+    def summary(self) -> dict[str, Any]:
+        """The fields `probe --json` and the demo print."""
+        return {
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "output_tokens": self.output_tokens,
+            "tpot_s": self.tpot_s,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+
+def _stream_error(data: bytes) -> str:
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return "error event"
+    if isinstance(obj, dict):
+        err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+    return "error event"
+
+
+async def measure(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    call: Call,
+    *,
+    api_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Measurement:
+    """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`."""
+    path, body = request_for(call)
+    url = base_url.rstrip("/") + path
+    send_headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(call.api, api_key), **(headers or {})}
+    payload = orjson.dumps(body)
+    decoder = SSEDecoder()
+    reader = reader_for(call.api)
+    assert reader is not None
+    t_first = t_last = t_byte = None
+    token_events = events = unparsed = 0
+    ended = False
+    error: str | None = None
+    status = 0
+    t0 = clock()
+    try:
+        async with session.post(url, data=payload, headers=send_headers) as response:
+            status = response.status
+            if status != 200:
+                raw = await response.read()
+                error = f"HTTP {status}: {error_message(raw)}"
+            else:
+                async for chunk in response.content.iter_any():
+                    t = clock()
+                    t_byte = t if t_byte is None else t_byte
+                    for event in decoder.feed(chunk):
+                        events += 1
+                        if event.data == b"[DONE]":
+                            ended = True
+                            continue
+                        if event.data[:1] not in (b"{", b"["):
+                            unparsed += 1
+                            continue
+                        if reader.feed(event):
+                            token_events += 1
+                            t_first = t if t_first is None else t_first
+                            t_last = t
+                        if event.event in _ENDS.get(call.api, ()):
+                            ended = True
+                        if reader.error_type and error is None:
+                            error = f"error in stream: {_stream_error(event.data)}"
+    except aiohttp.ClientPayloadError:
+        error = "stream cut: the connection closed mid-body"
+    except aiohttp.ClientConnectorError as exc:
+        error = f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
+    except aiohttp.ClientError as exc:  # its text can carry the URL: name the kind only
+        error = type(exc).__name__
+    except TimeoutError:
+        error = "timed out"
+    t_end = clock()
+    usage = reader.usage
+    reported = usage is not None and usage.output_tokens is not None
+    output_tokens = usage.output_tokens if reported and usage is not None and usage.output_tokens is not None else token_events
+    if status == 200 and error is None and not ended:
+        error = "stream ended without its end marker"
+    tpot = (t_last - t_first) / (output_tokens - 1) if t_first is not None and t_last is not None and output_tokens > 1 else None
+    decode_time = t_end - t_first if t_first is not None else None
+    return Measurement(
+        api=call.api,
+        model=call.model,
+        status=status,
+        ttfb_s=None if t_byte is None else t_byte - t0,
+        ttft_s=None if t_first is None else t_first - t0,
+        total_s=t_end - t0,
+        output_tokens=output_tokens,
+        usage_source="reported" if reported else "counted",
+        tpot_s=tpot,
+        tokens_per_s=output_tokens / decode_time if decode_time else None,
+        token_events=token_events,
+        events=events,
+        unparsed=unparsed,
+        ended=ended,
+        usage_reported=reported,
+        input_tokens=usage.input_tokens if usage else None,
+        cached_tokens=usage.cached_input_tokens if usage else None,
+        reasoning_tokens=usage.reasoning_tokens if usage else None,
+        response_id=reader.response_id,
+        error=error,
+    )
