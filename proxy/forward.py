@@ -150,8 +150,10 @@ class Forwarder:
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
         raw = request.raw_path
-        if raw[:1] != "/" or raw[:2] == "//":
-            raw = request.rel_url.raw_path_qs  # absolute-form target: keep only its path and query
+        if raw[:1] != "/":
+            # Absolute-form target (`GET http://other/x`): keep only its path and query. Since the
+            # result always follows the upstream's authority, nothing can change the host.
+            raw = request.rel_url.raw_path_qs
             if raw[:1] != "/":
                 raise BadTarget("the request target must be a path starting with '/'")
         return raw
