@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.trace import INVALID_SPAN
 from yarl import URL
 
 from proxy.dialects import API_OTHER, StreamReader, Usage, api_for_path, inspect_request, read_body, reader_for
@@ -174,7 +175,11 @@ class Forwarder:
         phase = PhaseClock(t0)
         gauge = self.metrics.in_flight.labels(api)
         gauge.inc()
-        span = self.telemetry.start(info, method, path, query, request.headers, t0)
+        try:
+            span = self.telemetry.start(info, method, path, query, request.headers, t0)
+        except Exception:  # noqa: BLE001 - telemetry must never break a request
+            log.exception("could not start the request span")
+            span = INVALID_SPAN
         status = 502
         error_type = ""
         reader: StreamReader | None = None
