@@ -149,22 +149,41 @@ async def _request_stats(request: web.Request) -> web.Response:
     return _json(found) if found is not None else _json({"error": "unknown or unfinished request"}, 404)
 
 
+_ENDPOINTS = {"/chat/completions", "/completions", "/responses", "/messages", "/models"}
+
+
+def _route(path: str, prefix: str) -> tuple[str, str | None] | None:
+    """(api or "models", model id) for a path, or None. With a prefix, only `prefix + endpoint`."""
+    if prefix:
+        if not path.startswith(prefix + "/"):
+            return None
+        rest = path[len(prefix) :]
+        head, _, model = rest.rpartition("/")
+        if rest not in _ENDPOINTS and head != "/models":
+            return None
+    parts = path.split("/")
+    if parts[-1] == "models":
+        return "models", None
+    if len(parts) > 2 and parts[-2] == "models":
+        return "models", parts[-1]
+    api = api_for_path(path)
+    return (api, None) if api != API_OTHER else None
+
+
 async def _dispatch(request: web.Request) -> web.StreamResponse:
     sim = request.app[SIMULATOR]
-    path = request.path.rstrip("/")
-    api = api_for_path(path)
-    if request.method == "GET" and api == API_OTHER:
-        parts = path.split("/")
-        if parts[-1] == "models":
-            return _models(sim, request, None)
-        if len(parts) > 2 and parts[-2] == "models":
-            return _models(sim, request, parts[-1])
-    if request.method != "POST" or api == API_OTHER:
-        return _json({"error": {"message": f"Unknown request URL: {request.method} {request.path}", "type": "invalid_request_error", "param": None, "code": "unknown_url"}}, 404)
+    route = _route(request.path.rstrip("/"), sim.settings.path_prefix.rstrip("/"))
+    wanted = "GET" if route is not None and route[0] == "models" else "POST"
+    if route is None or request.method != wanted:
+        message = f"Unknown request URL: {request.method} {request.path}"
+        return _json({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "unknown_url"}}, 404)
+    kind, model = route
+    if kind == "models":
+        return _models(sim, request, model)
     try:
-        return await _generate(sim, request, api)
+        return await _generate(sim, request, kind)
     except SimError as error:
-        return _error(api, error)
+        return _error(kind, error)
 
 
 def _models(sim: Simulator, request: web.Request, model: str | None) -> web.Response:

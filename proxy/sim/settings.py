@@ -37,6 +37,9 @@ class SimSettings(BaseSettings):
     batch_slowdown: float = Field(0.04, ge=0, description="extra decode-step time per additional running stream")
     cache_residual: float = Field(0.05, ge=0, le=1, description="share of a cached prompt token's prefill still paid")
     stall_seconds: float = Field(30.0, ge=0, description="how long the `stall` failure trigger stays silent")
+    path_prefix: str = Field(
+        "", description="serve the API only under this prefix, e.g. /v1 (default: any prefix, or none)"
+    )
     catalogue: str | None = Field(None, description="JSON file overriding or adding models: {\"models\": [...]}")
 
     _split_keys = field_validator("api_keys", "bad_keys", mode="before")(split_csv)

@@ -1,0 +1,350 @@
+"""`taotrace doctor`: the article's troubleshooting order, one check at a time.
+
+    key      a key is present (flag, $TAOTRACE_API_KEY or $TAOTOKEN_API_KEY) and has no stray
+             whitespace or quotes; the key itself is never printed
+    network  the base URL is well formed (http(s), no endpoint path glued on), its host
+             resolves, a TCP connection opens, TLS completes, and `GET {base}/models` is routed
+             (a 404 there means a path is added or missing: the right base URL is named)
+    auth     `GET {base}/models` accepts the key (401/403 say so)
+    model    `--model` is in that list (close names are suggested)
+    stream   a tiny streaming chat request parses chunk by chunk: tokens, the usage-only chunk
+             with empty `choices`, `data: [DONE]`
+
+It stops at the first failure with a one-line cause and a concrete fix; the exit status is 0
+only when every check passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import json
+import socket
+import ssl
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO
+
+import aiohttp
+import orjson
+from pydantic import Field
+from yarl import URL
+
+from proxy.client import Call, auth_headers, error_message, measure
+from proxy.clientconfig import DEFAULT_BASE_URL, ClientSettings, Target, load_target
+from proxy.dialects import API_CHAT
+
+__all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
+
+ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/models", "/embeddings")
+STREAM_PROMPT = "Say OK."
+
+
+class DoctorSettings(ClientSettings):
+    """Everything `taotrace doctor` can be told."""
+
+    timeout: float = Field(10.0, gt=0, description="seconds allowed for each network step")
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one step: ok / fail / skip, what was seen, and the fix when it failed."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+
+class Failed(Exception):
+    """A check found the problem: its cause and the fix."""
+
+    def __init__(self, cause: str, fix: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+
+
+@dataclass
+class _State:
+    """What earlier checks learned that later ones read."""
+
+    target: Target
+    timeout: float
+    models_status: int | None = None
+    models_body: bytes = b""
+    model_ids: list[str] = field(default_factory=list)
+
+
+def _shown(url: str) -> str:
+    """A URL fit to print: no user:password part, no query string."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return url.split("?")[0]
+    if parsed.user or parsed.password:
+        parsed = parsed.with_user(None)
+    return str(parsed.with_query(None))
+
+
+# --- key -----------------------------------------------------------------------------------
+
+
+async def check_key(state: _State) -> str:
+    key = state.target.api_key
+    if not key:
+        raise Failed(
+            "no API key: neither --api-key nor $TAOTOKEN_API_KEY (or $TAOTRACE_API_KEY) is set",
+            "export TAOTOKEN_API_KEY=<your key>  (or pass --api-key)",
+        )
+    if key != key.strip() or any(c in key for c in "\"' \t\r\n"):
+        raise Failed(
+            "the key contains whitespace or quotes (copied with them?)",
+            "set it again without quotes, spaces or a trailing newline",
+        )
+    return f"present (from {state.target.key_source})"
+
+
+# --- network -------------------------------------------------------------------------------
+
+
+def _parse_base(base: str) -> URL:
+    try:
+        url = URL(base)
+    except ValueError:
+        raise Failed(f"base URL {base!r} is not a URL", f"use e.g. --base-url {DEFAULT_BASE_URL}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise Failed(
+            f"base URL {_shown(base)!r} has no http(s):// scheme and host",
+            f"use e.g. --base-url {DEFAULT_BASE_URL}",
+        )
+    for suffix in ENDPOINT_SUFFIXES:
+        if url.path.rstrip("/").endswith(suffix):
+            fixed = str(url.with_path(url.path.rstrip("/")[: -len(suffix)] or "/").with_query(None)).rstrip("/")
+            raise Failed(
+                f"base URL ends with the endpoint path {suffix!r}: clients add it themselves",
+                f"use --base-url {fixed}",
+            )
+    return url
+
+
+async def _reach(url: URL, timeout: float) -> list[str]:
+    """DNS, TCP, TLS: each step timed, each failure named."""
+    host, port = url.host or "", url.port or (443 if url.scheme == "https" else 80)
+    loop = asyncio.get_running_loop()
+    notes: list[str] = []
+    t = time.perf_counter()
+    try:
+        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+    except (socket.gaierror, TimeoutError) as exc:
+        raise Failed(
+            f"cannot resolve {host!r} ({exc.strerror if isinstance(exc, socket.gaierror) else 'DNS timed out'})",
+            "check the host name in --base-url, and DNS / network access from this machine",
+        ) from None
+    notes.append(f"{host} resolved ({(time.perf_counter() - t) * 1000:.0f} ms)")
+    address = infos[0][4][0]
+    tls = ssl.create_default_context() if url.scheme == "https" else None
+    t = time.perf_counter()
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(address, port, ssl=tls, server_hostname=host if tls else None), timeout
+        )
+    except ssl.SSLError as exc:
+        raise Failed(
+            f"TLS with {host}:{port} failed ({exc.reason or exc})",
+            "is something intercepting TLS (a corporate proxy)? is the port an https port? is the system clock right?",
+        ) from None
+    except TimeoutError:
+        raise Failed(
+            f"connecting to {host}:{port} timed out after {timeout:.0f}s",
+            "a firewall or a required HTTP proxy may be in the way; check the port in --base-url",
+        ) from None
+    except OSError as exc:
+        raise Failed(
+            f"cannot connect to {host}:{port} ({exc.strerror or exc})",
+            "is the server running and the port right? (for the simulator: taotrace sim)",
+        ) from None
+    writer.close()
+    notes.append(f"connected{' with TLS' if tls else ''} ({(time.perf_counter() - t) * 1000:.0f} ms)")
+    return notes
+
+
+async def _get_models(session: aiohttp.ClientSession, base: str, key: str | None) -> tuple[int, bytes, str]:
+    async with session.get(base.rstrip("/") + "/models", headers=auth_headers(API_CHAT, key)) as response:
+        return response.status, await response.read(), response.headers.get("Content-Type", "")
+
+
+def _alternatives(url: URL) -> list[str]:
+    base = str(url.with_query(None)).rstrip("/")
+    path = url.path.rstrip("/")
+    out = []
+    if not path.endswith("/v1"):
+        out.append(base + "/v1")
+    if path not in ("", "/"):
+        out.append(str(url.with_path(path.rsplit("/", 1)[0] or "/").with_query(None)).rstrip("/"))
+    return out
+
+
+async def check_network(state: _State) -> str:
+    url = _parse_base(state.target.base_url)
+    notes = await _reach(url, state.timeout)
+    timeout = aiohttp.ClientTimeout(total=state.timeout * 3, sock_connect=state.timeout, sock_read=state.timeout)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        try:
+            status, body, kind = await _get_models(session, state.target.base_url, state.target.api_key)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Failed(
+                f"GET {_shown(state.target.base_url)}/models failed ({type(exc).__name__})",
+                "the host answers TCP but not HTTP here: check the scheme (http vs https) and port",
+            ) from None
+        routed = status != 404 and not (status == 200 and "html" in kind)
+        if not routed:
+            for candidate in _alternatives(url):
+                try:
+                    alt_status, _, alt_kind = await _get_models(session, candidate, state.target.api_key)
+                except (aiohttp.ClientError, TimeoutError):
+                    continue
+                if alt_status != 404 and "html" not in alt_kind:
+                    missing = len(candidate) > len(state.target.base_url)
+                    raise Failed(
+                        f"base URL path is wrong: {_shown(state.target.base_url)}/models is {status}, "
+                        f"{_shown(candidate)}/models answers ({'a path is missing' if missing else 'a path is added'})",
+                        f"use --base-url {_shown(candidate)}",
+                    )
+            raise Failed(
+                f"{_shown(state.target.base_url)}/models is {'a web page' if status == 200 else 'not found (404)'}: "
+                "this is not an OpenAI-compatible base URL",
+                f"use the API base URL, e.g. {DEFAULT_BASE_URL}",
+            )
+    state.models_status, state.models_body = status, body
+    return ", ".join(notes) + f"; GET /models answered {status}"
+
+
+# --- auth, model ---------------------------------------------------------------------------
+
+
+async def check_auth(state: _State) -> str:
+    status = state.models_status
+    if status in (401, 403):
+        raise Failed(
+            f"the key was rejected: GET /models answered {status}: {error_message(state.models_body)}",
+            "check the key belongs to this endpoint, is not revoked, and was copied whole",
+        )
+    if status == 429:
+        raise Failed("rate limited (429) already on GET /models", "wait and retry; check the account's quota")
+    if status != 200:
+        raise Failed(
+            f"GET /models answered {status}: {error_message(state.models_body)}",
+            "the endpoint is having trouble: retry later, or check its status page",
+        )
+    try:
+        doc = orjson.loads(state.models_body)
+        data = doc.get("data") if isinstance(doc, dict) else doc
+        state.model_ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    except (orjson.JSONDecodeError, TypeError):
+        state.model_ids = []
+    return f"key accepted (GET /models: {len(state.model_ids)} models)"
+
+
+async def check_model(state: _State) -> str:
+    model = state.target.model
+    if not state.model_ids:
+        return f"{model} (the endpoint lists no models: not checked)"
+    if model in state.model_ids:
+        return f"{model} is served"
+    close = difflib.get_close_matches(model, state.model_ids, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"served: {', '.join(state.model_ids[:8])}"
+    raise Failed(
+        f"model {model!r} is not in the {len(state.model_ids)} models this endpoint serves ({hint})",
+        f"use --model {close[0] if close else state.model_ids[0]}",
+    )
+
+
+# --- stream --------------------------------------------------------------------------------
+
+
+async def check_stream(state: _State) -> str:
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=state.timeout, sock_read=state.timeout * 6)
+    call = Call(API_CHAT, state.target.model, STREAM_PROMPT, 8, dict(state.target.params))
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        m = await measure(session, state.target.base_url, call, api_key=state.target.api_key)
+    if m.status in (401, 403):
+        raise Failed(f"the streaming request was refused ({m.error})", "the key may lack access to this model or API")
+    if m.status != 200:
+        raise Failed(f"the streaming request failed: {m.error}", "check the model's parameters and the endpoint's status")
+    if m.unparsed:
+        raise Failed(
+            f"{m.unparsed} of {m.events} stream chunks were not JSON",
+            "something between you and the API rewrites the stream (a proxy buffering or compressing it?)",
+        )
+    if m.error and m.error.startswith("error in stream"):
+        raise Failed(f"the upstream sent an {m.error}", "retry; if it persists, the model or provider is failing")
+    if not m.ended:
+        raise Failed(
+            f"the stream stopped before `data: [DONE]` ({m.error or 'no end marker'})",
+            "a proxy or load balancer cut the stream: check its timeouts and buffering",
+        )
+    if not m.token_events:
+        raise Failed("the stream parsed but carried no tokens", "check max_tokens and the model's output")
+    usage = (
+        "usage-only chunk (empty choices) parsed"
+        if m.usage_reported
+        else "no usage chunk (stream_options.include_usage ignored: tokens counted from chunks)"
+    )
+    ttft = f"TTFT {m.ttft_s * 1000:.0f} ms, " if m.ttft_s is not None else ""
+    return f"{m.events} chunks parsed, {m.token_events} tokens, {ttft}{usage}, [DONE] seen"
+
+
+CHECKS: tuple[tuple[str, Callable[[_State], Awaitable[str]]], ...] = (
+    ("key", check_key),
+    ("network", check_network),
+    ("auth", check_auth),
+    ("model", check_model),
+    ("stream", check_stream),
+)
+
+
+async def diagnose(target: Target, timeout: float = 10.0) -> list[Check]:
+    """Run the checks in order; stop at the first failure (the rest are `skip`)."""
+    state = _State(target, timeout)
+    results: list[Check] = []
+    failed = False
+    for name, check in CHECKS:
+        if failed:
+            results.append(Check(name, "skip", "not run"))
+            continue
+        try:
+            results.append(Check(name, "ok", await check(state)))
+        except Failed as exc:
+            results.append(Check(name, "fail", exc.cause, exc.fix))
+            failed = True
+    return results
+
+
+def report(target: Target, checks: list[Check], as_json: bool, out: TextIO) -> int:
+    ok = all(c.status == "ok" for c in checks)
+    if as_json:
+        doc: dict[str, Any] = {"base_url": _shown(target.base_url), "model": target.model, "ok": ok, "checks": [asdict(c) for c in checks]}
+        out.write(json.dumps(doc, indent=2) + "\n")
+        return 0 if ok else 1
+    out.write(f"taotrace doctor: {_shown(target.base_url)}, model {target.model}\n")
+    marks = {"ok": "ok  ", "fail": "FAIL", "skip": "-   "}
+    for c in checks:
+        out.write(f"  {marks[c.status]}  {c.name:<8} {c.detail if c.status != 'skip' else ''}".rstrip() + "\n")
+        if c.fix:
+            out.write(f"        {'':<8} fix: {c.fix}\n")
+    out.write("all checks passed\n" if ok else "")
+    return 0 if ok else 1
+
+
+def run(settings: DoctorSettings, out: TextIO = sys.stdout) -> int:
+    """The `taotrace doctor` command."""
+    try:
+        target = load_target(settings)
+    except ValueError as exc:
+        print(f"doctor: {exc}", file=sys.stderr)
+        return 2
+    checks = asyncio.run(diagnose(target, settings.timeout))
+    return report(target, checks, settings.json_output, out)

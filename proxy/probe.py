@@ -1,0 +1,130 @@
+"""`taotrace probe`: the article's measurement script as a tool.
+
+Streams one request (or `--runs N`) to any base URL and prints TTFT, total time, output tokens,
+TPOT and tokens/s as the client sees them (definitions in `proxy.client`). `--json` prints
+`{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", ...}`; with `--runs` > 1 the
+top-level numbers are medians and `runs` lists each one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal, TextIO
+
+import aiohttp
+from pydantic import Field
+
+from proxy.client import Call, Measurement, api_name, measure
+from proxy.clientconfig import ClientSettings, Target, load_target
+
+__all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
+
+DEFAULT_PROMPT = "In three sentences, explain what happens between sending a prompt to an LLM and its first token."
+
+
+class ProbeSettings(ClientSettings):
+    """Everything `taotrace probe` can be told."""
+
+    prompt: str = Field(DEFAULT_PROMPT, description="the prompt to send")
+    prompt_repeat: int = Field(1, ge=1, description="repeat the prompt N times (a longer input: watch TTFT grow)")
+    max_tokens: int | None = Field(None, ge=1, description="output cap (default: config default_params, else 128)")
+    runs: int = Field(1, ge=1, le=1000, description="how many requests, one after another")
+    api: Literal["chat", "completions", "responses", "messages"] = Field(
+        "chat", description="dialect: chat (/chat/completions), completions, responses, messages"
+    )
+
+
+def _call(settings: ProbeSettings, target: Target) -> Call:
+    params = dict(target.params)
+    max_tokens = settings.max_tokens or params.pop("max_tokens", None) or 128
+    prompt = " ".join([settings.prompt] * settings.prompt_repeat)
+    return Call(api_name(settings.api), target.model, prompt, int(max_tokens), params)
+
+
+async def probe(settings: ProbeSettings, target: Target) -> list[Measurement]:
+    """Run the requests one after another on one connection pool."""
+    call = _call(settings, target)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout, sock_read=settings.timeout)
+    results: list[Measurement] = []
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for _ in range(settings.runs):
+            results.append(await measure(session, target.base_url, call, api_key=target.api_key))
+            if not results[-1].ok:
+                break
+    return results
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def format_table(results: Sequence[Measurement]) -> str:
+    rows = [("run", "TTFT", "total", "out tok", "TPOT", "tok/s", "in tok", "cached", "usage")]
+    for i, m in enumerate(results, 1):
+        rows.append(
+            (str(i), _ms(m.ttft_s), _ms(m.total_s), str(m.output_tokens), _ms(m.tpot_s), _rate(m.tokens_per_s),
+             _count(m.input_tokens), _count(m.cached_tokens), m.usage_source)
+        )  # fmt: skip
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))) for row in rows)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summary(results: Sequence[Measurement], many: bool) -> dict[str, Any]:
+    """One run's fields, or (`many`) the medians of the runs plus the `runs` list."""
+    if not many:
+        return results[0].summary() if results else {}
+    runs = [m.summary() for m in results]
+    out: dict[str, Any] = {k: _median([r[k] for r in runs]) for k in ("ttft_s", "total_s", "tpot_s", "tokens_per_s")}
+    out["output_tokens"] = statistics.median_low([r["output_tokens"] for r in runs]) if runs else None
+    out["runs"] = runs
+    return out
+
+
+def report(settings: ProbeSettings, target: Target, results: Sequence[Measurement], out: TextIO) -> int:
+    failed = next((m for m in results if not m.ok), None)
+    good = [m for m in results if m.ok]
+    if settings.json_output:
+        doc: dict[str, Any] = {"base_url": target.base_url, "model": target.model, "api": api_name(settings.api)}
+        doc.update(summary(good, settings.runs > 1))
+        if failed is not None:
+            doc["error"] = failed.error
+        out.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        out.write(f"probe {target.model} via {api_name(settings.api)} at {target.base_url}\n")
+        if good:
+            out.write(format_table(good) + "\n")
+        if len(good) > 1:
+            med = summary(good, True)
+            out.write(f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {_rate(med['tokens_per_s'])} tok/s\n")
+        if failed is not None:
+            out.write(f"error: {failed.error}\n")
+    return 0 if failed is None and results else 1
+
+
+def run(settings: ProbeSettings, out: TextIO = sys.stdout) -> int:
+    """The `taotrace probe` command."""
+    try:
+        target = load_target(settings)
+        api_name(settings.api)
+    except ValueError as exc:
+        print(f"probe: {exc}", file=sys.stderr)
+        return 2
+    results = asyncio.run(probe(settings, target))
+    return report(settings, target, results, out)
