@@ -17,10 +17,10 @@ venv: $(VENV)/.installed
 # System tools the tests drive for real (Prometheus, promtool). Installed only when missing,
 # and only when we are root (CI is); otherwise the tests that need them say so and skip.
 system-deps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; \
-	  else echo "prometheus/promtool missing and not root: their tests will skip"; fi; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
+	  else echo "prometheus/promtool/amtool missing and not root: their tests will skip"; fi; \
 	fi
 
 test: venv system-deps
