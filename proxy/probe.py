@@ -40,7 +40,8 @@ class ProbeSettings(ClientSettings):
 
 def _call(settings: ProbeSettings, target: Target) -> Call:
     params = dict(target.params)
-    max_tokens = settings.max_tokens or params.pop("max_tokens", None) or 128
+    from_file = params.pop("max_tokens", None)
+    max_tokens = settings.max_tokens or from_file or 128
     prompt = " ".join([settings.prompt] * settings.prompt_repeat)
     return Call(api_name(settings.api), target.model, prompt, int(max_tokens), params)
 

@@ -1,0 +1,171 @@
+"""`taotrace probe` and its streaming client: what counts as a token, usage-only chunks, the
+config file, the key never shown, and agreement with the proxy's own TTFT."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.client import Call, measure
+from proxy.probe import ProbeSettings, probe, report
+from proxy.clientconfig import load_target
+from proxy.serve import running as proxy_running
+from proxy.settings import Settings
+from proxy.sim import SimRunning, SimSettings, running
+from proxy.timing import RequestRecord
+from tests.fakes import FakeUpstream, chat_chunk, sse, stream_handler, usage_chunk
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimRunning]:
+    async with running(SimSettings(port=0, time_scale=0.25)) as srv:
+        yield srv
+
+
+async def _probe(settings: ProbeSettings) -> tuple[int, str]:
+    target = load_target(settings)
+    out = io.StringIO()
+    code = report(settings, target, await probe(settings, target), out)
+    return code, out.getvalue()
+
+
+# --- the client's token rules --------------------------------------------------------------
+
+
+async def test_role_empty_comment_and_usage_only_chunks_are_not_tokens() -> None:
+    """The article's `KeyError: 'choices'` trap: a usage chunk has `choices: []`."""
+    frames = [
+        b": keep-alive\n\n",
+        *sse(chat_chunk(role="assistant", content=""), done=False),
+        *sse(chat_chunk(content=""), done=False),
+        *sse({"id": "x", "object": "chat.completion.chunk", "choices": []}, done=False),  # empty, no usage
+        *sse(chat_chunk("Hel"), chat_chunk("lo"), chat_chunk("!"), chat_chunk(finish="stop"), usage_chunk(9, 3, cached=4), done=True),
+    ]
+    fake = await FakeUpstream(stream_handler(frames, first_delay=0.0, gap=0.03)).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            m = await measure(session, fake.url + "/v1", Call("chat_completions", "m", "hi", 5))
+    finally:
+        await fake.close()
+    assert m.ok and m.ended and m.unparsed == 0
+    assert m.token_events == 3 and m.output_tokens == 3 and m.usage_source == "reported"
+    assert (m.input_tokens, m.cached_tokens) == (9, 4)
+    assert m.ttfb_s is not None and m.ttft_s is not None
+    assert m.ttft_s - m.ttfb_s >= 0.08  # 4 non-token frames 30 ms apart came first
+    assert m.tpot_s is not None and 0.02 < m.tpot_s < 0.1
+
+
+async def test_without_a_usage_chunk_tokens_are_counted() -> None:
+    frames = sse(chat_chunk(role="assistant", content=""), chat_chunk("a"), chat_chunk("b"), chat_chunk(finish="stop"))
+    fake = await FakeUpstream(stream_handler(frames)).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            m = await measure(session, fake.url, Call("chat_completions", "m", "hi", 5))
+    finally:
+        await fake.close()
+    assert m.ok and m.output_tokens == 2 and m.usage_source == "counted" and not m.usage_reported
+
+
+async def test_a_stream_without_its_end_marker_is_an_error() -> None:
+    fake = await FakeUpstream(stream_handler(sse(chat_chunk("a"), done=False))).start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            m = await measure(session, fake.url, Call("chat_completions", "m", "hi", 5))
+    finally:
+        await fake.close()
+    assert not m.ok and m.error is not None and "end marker" in m.error
+
+
+# --- probe against the simulator -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["chat", "completions", "responses", "messages"])
+async def test_probe_prints_the_article_numbers_as_json(sim: SimRunning, api: str) -> None:
+    code, text = await _probe(ProbeSettings(base_url=sim.base_url, api=api, max_tokens=12, json_output=True))
+    doc = json.loads(text)
+    assert code == 0 and doc["output_tokens"] == 12 and doc["api"] != "chat"
+    assert set(doc) >= {"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s"}
+    assert 0 < doc["ttft_s"] < doc["total_s"] and doc["tpot_s"] > 0 and doc["tokens_per_s"] > 0
+
+
+async def test_runs_give_a_runs_list_and_show_the_prefix_cache(sim: SimRunning) -> None:
+    settings = ProbeSettings(base_url=sim.base_url, runs=3, prompt_repeat=60, max_tokens=8)
+    code, text = await _probe(settings)
+    assert code == 0
+    lines = text.splitlines()
+    assert lines[1].split()[:3] == ["run", "TTFT", "total"] and len(lines) == 6 and lines[-1].startswith("median:")
+    fresh = settings.model_copy(update={"json_output": True, "prompt": "a prompt not seen before"})
+    doc = json.loads((await _probe(fresh))[1])
+    assert len(doc["runs"]) == 3 and doc["output_tokens"] == 8
+    assert doc["runs"][1]["ttft_s"] < doc["runs"][0]["ttft_s"]  # the repeat hits the prefix cache
+
+
+async def test_config_file_aliases_and_default_params(sim: SimRunning, tmp_path: Path) -> None:
+    config = tmp_path / "taotoken.json"
+    config.write_text(json.dumps({
+        "base_url": sim.base_url,
+        "models": {"fast": "gpt-4o-mini", "strong": {"model": "gpt-4o", "max_tokens": 5}},
+        "default_params": {"temperature": 0.2, "max_tokens": 7},
+    }))
+    doc = json.loads((await _probe(ProbeSettings(config=str(config), model="fast", json_output=True)))[1])
+    assert (doc["model"], doc["base_url"], doc["output_tokens"]) == ("gpt-4o-mini", sim.base_url, 7)
+    doc = json.loads((await _probe(ProbeSettings(config=str(config), model="strong", json_output=True)))[1])
+    assert (doc["model"], doc["output_tokens"]) == ("gpt-4o", 5)
+    doc = json.loads((await _probe(ProbeSettings(config=str(config), model="fast", max_tokens=3, json_output=True)))[1])
+    assert doc["output_tokens"] == 3  # a flag beats the file
+
+
+async def test_errors_are_reported_and_the_key_never_printed() -> None:
+    secret = "sk-probe-secret-0123456789"
+    async with running(SimSettings(port=0, time_scale=0.25, require_key=True, api_keys=["other"])) as sim:
+        for as_json in (False, True):
+            code, text = await _probe(ProbeSettings(base_url=sim.base_url, api_key=secret, json_output=as_json))
+            assert code == 1 and "401" in text and secret not in text
+        code, text = await _probe(ProbeSettings(base_url=sim.base_url, api_key="other", model="nope"))
+        assert code == 1 and "model_not_found" in text
+    assert secret not in repr(ProbeSettings(api_key=secret)) and secret not in repr(load_target(ProbeSettings(api_key=secret)))
+
+
+# --- through the proxy ---------------------------------------------------------------------
+
+
+async def test_client_and_proxy_agree_on_ttft(sim: SimRunning) -> None:
+    records: list[RequestRecord] = []
+    settings = Settings(upstream=sim.url, port=0, metrics_port=0)
+    async with proxy_running(settings, on_record=records.append) as srv, aiohttp.ClientSession() as session:
+        results = [await measure(session, srv.proxy_url + "/v1", Call("chat_completions", "gpt-4o-mini", "x " * n, 10)) for n in (50, 800)]
+        for _ in range(50):
+            if len(records) == 2:
+                break
+            await asyncio.sleep(0.01)
+    assert all(m.ok for m in results) and len(records) == 2
+    for m, record in zip(results, records):
+        assert record.timing.ttft is not None and m.ttft_s is not None
+        assert abs(m.ttft_s - record.timing.ttft) < 0.010
+        assert record.usage.output_tokens == m.output_tokens == 10
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+async def test_cli_reads_the_key_from_taotoken_api_key_and_prints_json(sim: SimRunning) -> None:
+    env = {"TAOTOKEN_API_KEY": "k-cli", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "probe", "--base-url", sim.base_url, "--max-tokens", "4", "--json",
+        env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out)["output_tokens"] == 4 and b"k-cli" not in out + err
+    seen = sim.simulator.stats()["requests"]
+    assert seen and seen[-1]["output_tokens"] == 4
