@@ -20,11 +20,17 @@ from typing import Protocol
 
 __all__ = ["EstimateTokenizer", "Tokenizer", "load_tokenizer"]
 
-_PIECE = re.compile(r"<\|[a-z_]+\|>| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9\w]+| ?[^\W\d_]+|\s+|.", re.S)
-_WORD = 6
-_DIGITS = 3
-_PUNCT = 2
-_SPACE = 8
+# One alternation per rule above; a leading space joins the piece after it, as in BPE vocabularies.
+_PIECE = re.compile(
+    r"<\|[a-z_]+\|>"  # chat-template marker
+    r"| ?[A-Za-z]{1,6}"  # Latin letters, 6 a token
+    r"| ?[0-9]{1,3}"  # digits, 3 a token
+    r"| ?[^\sA-Za-z0-9\w]{1,2}"  # punctuation, 2 a token
+    r"| ?[^\W\d_]"  # any other letter: one each
+    r"|\s{1,8}"  # whitespace, 8 a token
+    r"|.",
+    re.S,
+)
 
 
 class Tokenizer(Protocol):
@@ -35,46 +41,17 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-def _chunks(piece: str, size: int) -> list[str]:
-    head = 1 if piece[:1] == " " and len(piece) > 1 else 0
-    body = piece[head:]
-    parts = [body[i : i + size] for i in range(0, len(body), size)] or [piece]
-    if head:
-        parts[0] = " " + parts[0]
-    return parts
-
-
-def _split(piece: str) -> list[str]:
-    if piece.startswith("<|"):
-        return [piece]
-    core = piece.lstrip(" ")
-    if not core:
-        return _chunks(piece, _SPACE)
-    first = core[0]
-    if first.isspace():
-        return _chunks(piece, _SPACE)
-    if first.isascii() and first.isalpha():
-        return _chunks(piece, _WORD)
-    if first.isdigit():
-        return _chunks(piece, _DIGITS)
-    if first.isalpha() or first.isdigit():  # non-Latin letters: one token each
-        return _chunks(piece, 1)
-    return _chunks(piece, _PUNCT)
-
-
 class EstimateTokenizer:
     """The documented estimate: no vocabulary, no download, deterministic."""
 
     name = "estimate"
 
     def pieces(self, text: str) -> list[str]:
-        out: list[str] = []
-        for match in _PIECE.finditer(text):
-            out.extend(_split(match.group(0)))
-        return out
+        return _PIECE.findall(text)
 
     def encode(self, text: str) -> list[int]:
-        return [zlib.crc32(piece.encode("utf-8")) for piece in self.pieces(text)]
+        crc = zlib.crc32
+        return [crc(piece.encode("utf-8")) for piece in _PIECE.findall(text)]
 
 
 class _Tiktoken:

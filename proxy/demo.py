@@ -1,0 +1,226 @@
+"""`taotrace demo`: the embedded default. A simulated upstream and the proxy start in this
+process; a streaming client runs the article's three experiments through the proxy and prints,
+per run, what the client saw next to the proxy's network / prefill_wait / decode split.
+
+`--once` exits after the table; otherwise the proxy and simulator keep running for your own
+tools. `--real` (with TAOTOKEN_API_KEY) runs the same experiments against the real upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, suppress
+from typing import Any, Literal, TextIO
+
+import aiohttp
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from proxy.client import Call, api_name, measure
+from proxy.experiments import Run, RunResult, format_report, plan, to_json
+from proxy.serve import running as proxy_running
+from proxy.settings import DEFAULT_UPSTREAM, Settings
+from proxy.sim import SimRunning, SimSettings
+from proxy.sim import running as sim_running
+from proxy.timing import RequestRecord
+
+__all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
+
+RECORD_WAIT_S = 5.0
+
+
+class DemoSettings(BaseSettings):
+    """Everything `taotrace demo` can be told."""
+
+    model_config = SettingsConfigDict(env_prefix="TAOTRACE_DEMO_", extra="ignore", populate_by_name=True)
+
+    once: bool = Field(False, description="run the experiments, print the table, exit")
+    json_output: bool = Field(False, description="print the results as JSON", json_schema_extra={"flag": "--json"})
+    real: bool = Field(False, description="run against the real upstream instead of the simulator (needs a key)")
+    upstream: str = Field(DEFAULT_UPSTREAM, description="the real upstream for --real")
+    api_key: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("TAOTRACE_API_KEY", "TAOTOKEN_API_KEY"),
+        description="key for --real (default: $TAOTRACE_API_KEY, then $TAOTOKEN_API_KEY); never printed",
+    )
+    host: str = Field("127.0.0.1", description="address the proxy, metrics and simulator listen on")
+    port: int | None = Field(None, ge=0, le=65535, description="proxy port (default 8787; a free one with --once)")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="metrics port (default 9464; a free one with --once)")
+    sim_port: int = Field(0, ge=0, le=65535, description="simulator port (default: a free one)")
+    time_scale: float = Field(1.0, gt=0, description="simulator speed: 0.5 runs twice as fast, same ratios")
+    api: Literal["chat", "completions", "responses", "messages"] = Field("chat", description="dialect the client speaks")
+    small_model: str = Field("gpt-4o-mini", description="the fast model")
+    large_model: str = Field("gpt-4o", description="the strong model (model_size experiment)")
+    max_tokens: int = Field(48, ge=2, description="output tokens per run")
+    base_tokens: int = Field(1000, ge=50, description="input tokens of the shortest input_length run (then 2x, 4x)")
+    cache_tokens: int = Field(4000, ge=50, description="input tokens of the prefix_cache prompt")
+
+
+class Records:
+    """The proxy's records, matched to the client's runs by trace id (the demo sends a traceparent)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, RequestRecord] = {}
+        self._waiters: dict[str, asyncio.Future[RequestRecord]] = {}
+
+    def add(self, record: RequestRecord) -> None:
+        if record.trace_id is None:
+            return
+        waiter = self._waiters.pop(record.trace_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(record)
+        else:
+            self._seen[record.trace_id] = record
+
+    async def get(self, trace_id: str, timeout: float = RECORD_WAIT_S) -> RequestRecord | None:
+        if trace_id in self._seen:
+            return self._seen.pop(trace_id)
+        waiter = self._waiters.setdefault(trace_id, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            return None
+        finally:
+            self._waiters.pop(trace_id, None)
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    run: Run,
+    settings: DemoSettings,
+    records: Records,
+    api_key: str | None,
+    kv_bytes: Callable[[str | None], int | None],
+) -> RunResult:
+    trace_id = secrets.token_hex(16)
+    headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+    call = Call(api_name(settings.api), run.model, run.prompt, settings.max_tokens)
+    measured = await measure(session, base_url, call, api_key=api_key, headers=headers)
+    record = await records.get(trace_id)
+    return RunResult(run, measured, record, kv_bytes(measured.response_id))
+
+
+async def experiments(
+    base_url: str,
+    settings: DemoSettings,
+    records: Records,
+    *,
+    api_key: str | None = None,
+    kv_bytes: Callable[[str | None], int | None] = lambda _: None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[RunResult]:
+    """Run every experiment through `base_url` (the proxy), one request at a time."""
+    results: list[RunResult] = []
+    runs = [r for e in plan(settings.small_model, settings.large_model, base_tokens=settings.base_tokens, cache_tokens=settings.cache_tokens) for r in e.runs]
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for run in runs:
+            progress(f"{run.experiment} {run.label}")
+            result = await _one(session, base_url, run, settings, records, api_key, kv_bytes)
+            results.append(result)
+            if not result.client.ok:
+                break
+    return results
+
+
+def _progress(label: str) -> None:
+    print(f"\r\033[K  running {label} ...", end="", file=sys.stderr, flush=True)
+
+
+def _sim_kv(sim: SimRunning) -> Callable[[str | None], int | None]:
+    def lookup(response_id: str | None) -> int | None:
+        found = sim.simulator.request_stats(response_id) if response_id else None
+        return int(found["kv_bytes_peak"]) if found else None
+
+    return lookup
+
+
+def _how_to(proxy_url: str, metrics_url: str, upstream: str) -> str:
+    return (
+        f"\nThe proxy keeps running: {proxy_url} -> {upstream}\n"
+        f"  metrics:        {metrics_url}/metrics\n"
+        f"  OpenAI tools:   OPENAI_BASE_URL={proxy_url}/v1 OPENAI_API_KEY=anything\n"
+        f"  Anthropic SDK:  ANTHROPIC_BASE_URL={proxy_url}\n"
+        f"  measure:        taotrace probe --base-url {proxy_url}/v1 --prompt-repeat 40\n"
+        "Ctrl-C to stop.\n"
+    )
+
+
+async def demo(
+    settings: DemoSettings,
+    out: TextIO,
+    *,
+    until: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[int, list[RunResult]]:
+    """Start what is needed, run the experiments, print; then wait for `until` unless `--once`."""
+    key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    if settings.real and not key:
+        print("demo: --real needs a key: export TAOTOKEN_API_KEY=<your key>", file=sys.stderr)
+        return 2, []
+    default_port = 0 if settings.once else None
+    port = settings.port if settings.port is not None else (default_port if default_port is not None else 8787)
+    metrics_port = settings.metrics_port if settings.metrics_port is not None else (0 if settings.once else 9464)
+    records = Records()
+    async with AsyncExitStack() as stack:
+        kv: Callable[[str | None], int | None] = lambda _: None
+        if settings.real:
+            upstream = settings.upstream
+        else:
+            sim = await stack.enter_async_context(
+                sim_running(SimSettings(host=settings.host, port=settings.sim_port, time_scale=settings.time_scale))
+            )
+            upstream, kv = sim.url, _sim_kv(sim)
+        proxy_settings = Settings(upstream=upstream, host=settings.host, port=port, metrics_host=settings.host, metrics_port=metrics_port)
+        srv = await stack.enter_async_context(proxy_running(proxy_settings, on_record=records.add))
+        progress = _progress if sys.stderr.isatty() and not settings.json_output else (lambda _: None)
+        results = await experiments(srv.proxy_url + "/v1", settings, records, api_key=key, kv_bytes=kv, progress=progress)
+        if sys.stderr.isatty() and not settings.json_output:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        failed = next((r for r in results if not r.client.ok), None)
+        if settings.json_output:
+            out.write(json.dumps(to_json(results), indent=2) + "\n")
+        else:
+            where = "the real upstream " + upstream if settings.real else f"the simulator (time_scale {settings.time_scale})"
+            out.write(f"taotrace demo: {len(results)} streaming runs through the proxy to {where}\n\n")
+            out.write(format_report(results) + "\n")
+        if failed is not None:
+            print(f"demo: {failed.run.experiment} {failed.run.label} failed: {failed.client.error}", file=sys.stderr)
+            return 1, results
+        if not settings.once:
+            out.write(_how_to(srv.proxy_url, srv.metrics_url, upstream))
+            out.flush()
+            if until is not None:
+                await until()
+    return 0, results
+
+
+async def _signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
+    """The `taotrace demo` command."""
+    try:
+        import uvloop  # the proxy's loop when installed: less scheduling noise in the numbers
+
+        runner: Callable[[Any], Any] = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    try:
+        code, _ = runner(demo(settings, out, until=_signalled))
+    except OSError as exc:
+        print(f"demo: cannot listen: {exc.strerror or exc} (another taotrace running? try --port/--metrics-port)", file=sys.stderr)
+        return 1
+    return int(code)
+

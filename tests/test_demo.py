@@ -1,0 +1,130 @@
+"""`taotrace demo`: the three experiments through the real proxy in front of the simulator, the
+`--json` schema, the effects the article promises, and client/proxy TTFT agreement."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from pydantic import SecretStr
+
+from proxy.demo import DemoSettings, demo
+from proxy.sim import SimSettings, running
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_KEYS = {
+    "label", "ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s",
+    "proxy_ttft_s", "network_s", "prefill_wait_s", "decode_s",
+}  # fmt: skip
+QUICK = {"once": True, "port": 0, "metrics_port": 0, "time_scale": 0.5, "max_tokens": 24}
+
+
+def _runs(doc: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return next(e["runs"] for e in doc["experiments"] if e["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def demo_json() -> dict[str, Any]:
+    """One `taotrace demo --once --json` run, from the command line, shared by the checks below."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy", "demo", "--once", "--json", "--time-scale", "0.5", "--max-tokens", "24"],
+        cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout)
+
+
+def test_json_schema_is_exactly_the_issues(demo_json: dict[str, Any]) -> None:
+    assert list(demo_json) == ["experiments"]
+    assert [e["name"] for e in demo_json["experiments"]] == ["input_length", "prefix_cache", "model_size"]
+    for experiment in demo_json["experiments"]:
+        assert set(experiment) == {"name", "runs"} and len(experiment["runs"]) >= 2
+        for run in experiment["runs"]:
+            assert set(run) == RUN_KEYS
+            assert all(run[k] is not None for k in RUN_KEYS), run
+            assert run["output_tokens"] == 24
+
+
+def test_input_length_raises_ttft_not_tpot(demo_json: dict[str, Any]) -> None:
+    runs = _runs(demo_json, "input_length")
+    assert [r["label"] for r in runs] == ["1x", "2x", "4x"]
+    ttft = [r["ttft_s"] for r in runs]
+    assert ttft[0] < ttft[1] < ttft[2] and ttft[2] > 2.0 * ttft[0]
+    assert 0.7 < runs[2]["tpot_s"] / runs[0]["tpot_s"] < 1.4
+
+
+def test_prefix_cache_repeats_skip_most_of_the_prefill(demo_json: dict[str, Any]) -> None:
+    first, *repeats = _runs(demo_json, "prefix_cache")
+    assert len(repeats) == 2
+    assert all(r["ttft_s"] < 0.5 * first["ttft_s"] for r in repeats)
+    assert all(r["prefill_wait_s"] < 0.5 * first["prefill_wait_s"] for r in repeats)
+
+
+def test_model_size_raises_ttft_and_tpot(demo_json: dict[str, Any]) -> None:
+    small, large = _runs(demo_json, "model_size")
+    assert (small["label"], large["label"]) == ("gpt-4o-mini", "gpt-4o")
+    assert large["ttft_s"] > 1.5 * small["ttft_s"] and large["tpot_s"] > 1.8 * small["tpot_s"]
+
+
+def test_client_and_proxy_agree_and_the_split_adds_up(demo_json: dict[str, Any]) -> None:
+    for experiment in demo_json["experiments"]:
+        for run in experiment["runs"]:
+            assert abs(run["ttft_s"] - run["proxy_ttft_s"]) < 0.005  # "within a few ms"
+            assert run["network_s"] + run["prefill_wait_s"] == pytest.approx(run["proxy_ttft_s"], abs=1e-6)
+            assert run["decode_s"] < run["total_s"]
+
+
+async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
+    out = io.StringIO()
+    seen: dict[str, Any] = {}
+
+    async def meanwhile() -> None:
+        text = out.getvalue()
+        proxy_url = text.split("The proxy keeps running: ")[1].split()[0]
+        metrics_url = text.split("metrics:")[1].split()[0]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(metrics_url) as r:
+                seen["metrics"] = (r.status, await r.text())
+            body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+            async with session.post(proxy_url + "/v1/chat/completions", json=body) as r:
+                seen["chat"] = r.status
+
+    settings = DemoSettings(**{**QUICK, "once": False, "base_tokens": 200, "cache_tokens": 800, "max_tokens": 8})
+    code, results = await demo(settings, out, until=meanwhile)
+    text = out.getvalue()
+    assert code == 0 and len(results) == 8
+    header = text.splitlines()[2].split()
+    assert header[:6] == ["experiment", "run", "in", "tok", "cached", "TTFT"] and "prefill_wait" in header
+    assert "input_length: input x" in text and "prefix_cache: repeats' TTFT" in text and "model_size: gpt-4o vs gpt-4o-mini" in text
+    assert "client vs proxy TTFT: max |difference|" in text and "who ate the GPU memory" in text
+    assert seen["chat"] == 200 and seen["metrics"][0] == 200
+    assert "taotrace_time_to_first_token_seconds" in seen["metrics"][1]
+
+
+async def test_real_mode_needs_a_key_and_sends_it_upstream() -> None:
+    code, _ = await demo(DemoSettings(**QUICK, real=True, api_key=None), io.StringIO())
+    assert code == 2
+    async with running(SimSettings(port=0, time_scale=0.5, require_key=True, api_keys=["k-real"])) as upstream:
+        settings = DemoSettings(**{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4}, real=True, upstream=upstream.url, api_key="k-real")
+        out = io.StringIO()
+        code, results = await demo(settings, out)
+        assert code == 0 and all(r.client.ok and r.record is not None for r in results)
+        assert "k-real" not in out.getvalue()
+        bad = settings.model_copy(update={"api_key": SecretStr("wrong")})
+        code, results = await demo(bad, io.StringIO())
+        assert code == 1 and results[0].client.status == 401
+
+
+async def test_demo_speaks_the_other_dialects() -> None:
+    for api in ("responses", "messages"):
+        settings = DemoSettings(**{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4, "json_output": True}, api=api)
+        out = io.StringIO()
+        code, _ = await demo(settings, out)
+        doc = json.loads(out.getvalue())
+        assert code == 0 and all(r["proxy_ttft_s"] is not None for e in doc["experiments"] for r in e["runs"])
