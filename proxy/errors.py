@@ -5,6 +5,8 @@
     ├── UpstreamTimeout        504 timeout        connect timeout, silent upstream
     ├── UpstreamBroken         502 upstream_error reset or invalid HTTP before the headers
     ├── BodyTooLarge           413 request_too_large
+    ├── HeadersTooLarge        431 request_too_large  a header line or the target over the limit
+    ├── MalformedRequest       400 bad_request    framing or header syntax the parser refused
     └── BadTarget              400 bad_request    a request target the proxy will not forward
 
 Messages are written here, never copied from exceptions: those can carry URLs with query
@@ -19,6 +21,8 @@ from aiohttp import web
 __all__ = [
     "BadTarget",
     "BodyTooLarge",
+    "HeadersTooLarge",
+    "MalformedRequest",
     "ProxyError",
     "UpstreamBroken",
     "UpstreamTimeout",
@@ -64,6 +68,16 @@ class BodyTooLarge(ProxyError):
 
 
 class BadTarget(ProxyError):
+    status = 400
+    error_type = "bad_request"
+
+
+class HeadersTooLarge(ProxyError):
+    status = 431
+    error_type = "request_too_large"
+
+
+class MalformedRequest(ProxyError):
     status = 400
     error_type = "bad_request"
 

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from proxy.accesslog import AccessLog
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
 from proxy.metrics import Metrics, ModelLabels
+from proxy.protocol import GuardedAppRunner
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
@@ -72,13 +73,13 @@ async def running(
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
     if settings.access_log:
         observers.append(AccessLog(logging.getLogger("taotrace.access")))
-    proxy_runner = web.AppRunner(
+    proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
         create_proxy_app(settings, telemetry, metrics, state, observers),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)
         shutdown_timeout=settings.drain_seconds,
     )
-    metrics_runner = web.AppRunner(create_metrics_app(registry, state), access_log=None, shutdown_timeout=1.0)
+    metrics_runner = GuardedAppRunner(create_metrics_app(registry, state), access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()
     await metrics_runner.setup()
     try:
