@@ -22,7 +22,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.dialects import API_CHAT, API_COMPLETIONS, API_MESSAGES, API_RESPONSES, reader_for
+from proxy.dialects import (
+    API_CHAT,
+    API_COMPLETIONS,
+    API_MESSAGES,
+    API_RESPONSES,
+    reader_for,
+)
 from proxy.sse import SSEDecoder
 
 __all__ = ["API_ALIASES", "Call", "Measurement", "api_name", "auth_headers", "error_message", "measure", "request_for"]
@@ -34,8 +40,16 @@ API_ALIASES: dict[str, str] = {
     "responses": API_RESPONSES,
     "messages": API_MESSAGES,
 }
-_PATHS = {API_CHAT: "/chat/completions", API_COMPLETIONS: "/completions", API_RESPONSES: "/responses", API_MESSAGES: "/messages"}
-_ENDS = {API_RESPONSES: ("response.completed", "response.incomplete", "response.failed"), API_MESSAGES: ("message_stop",)}
+_PATHS = {
+    API_CHAT: "/chat/completions",
+    API_COMPLETIONS: "/completions",
+    API_RESPONSES: "/responses",
+    API_MESSAGES: "/messages",
+}
+_ENDS = {
+    API_RESPONSES: ("response.completed", "response.incomplete", "response.failed"),
+    API_MESSAGES: ("message_stop",),
+}
 ANTHROPIC_VERSION = "2023-06-01"
 ERROR_TEXT_LIMIT = 300
 
@@ -175,7 +189,12 @@ async def measure(
     """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`."""
     path, body = request_for(call)
     url = base_url.rstrip("/") + path
-    send_headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **auth_headers(call.api, api_key), **(headers or {})}
+    send_headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream",
+        **auth_headers(call.api, api_key),
+        **(headers or {}),
+    }
     payload = orjson.dumps(body)
     decoder = SSEDecoder()
     reader = reader_for(call.api)
@@ -223,10 +242,16 @@ async def measure(
     t_end = clock()
     usage = reader.usage
     reported = usage is not None and usage.output_tokens is not None
-    output_tokens = usage.output_tokens if reported and usage is not None and usage.output_tokens is not None else token_events
+    output_tokens = (
+        usage.output_tokens if reported and usage is not None and usage.output_tokens is not None else token_events
+    )
     if status == 200 and error is None and not ended:
         error = "stream ended without its end marker"
-    tpot = (t_last - t_first) / (output_tokens - 1) if t_first is not None and t_last is not None and output_tokens > 1 else None
+    tpot = (
+        (t_last - t_first) / (output_tokens - 1)
+        if t_first is not None and t_last is not None and output_tokens > 1
+        else None
+    )
     decode_time = t_end - t_first if t_first is not None else None
     return Measurement(
         api=call.api,

@@ -50,10 +50,14 @@ class DemoSettings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address the proxy, metrics and simulator listen on")
     port: int | None = Field(None, ge=0, le=65535, description="proxy port (default 8787; a free one with --once)")
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="metrics port (default 9464; a free one with --once)")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="metrics port (default 9464; a free one with --once)"
+    )
     sim_port: int = Field(0, ge=0, le=65535, description="simulator port (default: a free one)")
     time_scale: float = Field(1.0, gt=0, description="simulator speed: 0.5 runs twice as fast, same ratios")
-    api: Literal["chat", "completions", "responses", "messages"] = Field("chat", description="dialect the client speaks")
+    api: Literal["chat", "completions", "responses", "messages"] = Field(
+        "chat", description="dialect the client speaks"
+    )
     small_model: str = Field("gpt-4o-mini", description="the fast model")
     large_model: str = Field("gpt-4o", description="the strong model (model_size experiment)")
     max_tokens: int = Field(48, ge=2, description="output tokens per run")
@@ -89,6 +93,10 @@ class Records:
             self._waiters.pop(trace_id, None)
 
 
+def _no_kv(response_id: str | None) -> None:
+    return None
+
+
 async def _one(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -112,12 +120,21 @@ async def experiments(
     records: Records,
     *,
     api_key: str | None = None,
-    kv_bytes: Callable[[str | None], int | None] = lambda _: None,
+    kv_bytes: Callable[[str | None], int | None] = _no_kv,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[RunResult]:
     """Run every experiment through `base_url` (the proxy), one request at a time."""
     results: list[RunResult] = []
-    runs = [r for e in plan(settings.small_model, settings.large_model, base_tokens=settings.base_tokens, cache_tokens=settings.cache_tokens) for r in e.runs]
+    runs = [
+        r
+        for e in plan(
+            settings.small_model,
+            settings.large_model,
+            base_tokens=settings.base_tokens,
+            cache_tokens=settings.cache_tokens,
+        )
+        for r in e.runs
+    ]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for run in runs:
@@ -163,12 +180,11 @@ async def demo(
     if settings.real and not key:
         print("demo: --real needs a key: export TAOTOKEN_API_KEY=<your key>", file=sys.stderr)
         return 2, []
-    default_port = 0 if settings.once else None
-    port = settings.port if settings.port is not None else (default_port if default_port is not None else 8787)
+    port = settings.port if settings.port is not None else (0 if settings.once else 8787)
     metrics_port = settings.metrics_port if settings.metrics_port is not None else (0 if settings.once else 9464)
     records = Records()
     async with AsyncExitStack() as stack:
-        kv: Callable[[str | None], int | None] = lambda _: None
+        kv: Callable[[str | None], int | None] = _no_kv
         if settings.real:
             upstream = settings.upstream
         else:
@@ -176,17 +192,25 @@ async def demo(
                 sim_running(SimSettings(host=settings.host, port=settings.sim_port, time_scale=settings.time_scale))
             )
             upstream, kv = sim.url, _sim_kv(sim)
-        proxy_settings = Settings(upstream=upstream, host=settings.host, port=port, metrics_host=settings.host, metrics_port=metrics_port)
+        proxy_settings = Settings(
+            upstream=upstream, host=settings.host, port=port, metrics_host=settings.host, metrics_port=metrics_port
+        )
         srv = await stack.enter_async_context(proxy_running(proxy_settings, on_record=records.add))
         progress = _progress if sys.stderr.isatty() and not settings.json_output else (lambda _: None)
-        results = await experiments(srv.proxy_url + "/v1", settings, records, api_key=key, kv_bytes=kv, progress=progress)
+        results = await experiments(
+            srv.proxy_url + "/v1", settings, records, api_key=key, kv_bytes=kv, progress=progress
+        )
         if sys.stderr.isatty() and not settings.json_output:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
         failed = next((r for r in results if not r.client.ok), None)
         if settings.json_output:
             out.write(json.dumps(to_json(results), indent=2) + "\n")
         else:
-            where = "the real upstream " + upstream if settings.real else f"the simulator (time_scale {settings.time_scale})"
+            where = (
+                "the real upstream " + upstream
+                if settings.real
+                else f"the simulator (time_scale {settings.time_scale})"
+            )
             out.write(f"taotrace demo: {len(results)} streaming runs through the proxy to {where}\n\n")
             out.write(format_report(results) + "\n")
         if failed is not None:
@@ -220,7 +244,9 @@ def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
     try:
         code, _ = runner(demo(settings, out, until=_signalled))
     except OSError as exc:
-        print(f"demo: cannot listen: {exc.strerror or exc} (another taotrace running? try --port/--metrics-port)", file=sys.stderr)
+        print(
+            f"demo: cannot listen: {exc.strerror or exc} (another taotrace running? try --port/--metrics-port)",
+            file=sys.stderr,
+        )
         return 1
     return int(code)
-

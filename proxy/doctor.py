@@ -144,7 +144,7 @@ async def _reach(url: URL, timeout: float) -> list[str]:
             "check the host name in --base-url, and DNS / network access from this machine",
         ) from None
     notes.append(f"{host} resolved ({(time.perf_counter() - t) * 1000:.0f} ms)")
-    address = infos[0][4][0]
+    address = str(infos[0][4][0])
     tls = ssl.create_default_context() if url.scheme == "https" else None
     t = time.perf_counter()
     try:
@@ -242,6 +242,7 @@ async def check_auth(state: _State) -> str:
     try:
         doc = orjson.loads(state.models_body)
         data = doc.get("data") if isinstance(doc, dict) else doc
+        data = data if isinstance(data, list) else []
         state.model_ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
     except (orjson.JSONDecodeError, TypeError):
         state.model_ids = []
@@ -273,7 +274,9 @@ async def check_stream(state: _State) -> str:
     if m.status in (401, 403):
         raise Failed(f"the streaming request was refused ({m.error})", "the key may lack access to this model or API")
     if m.status != 200:
-        raise Failed(f"the streaming request failed: {m.error}", "check the model's parameters and the endpoint's status")
+        raise Failed(
+            f"the streaming request failed: {m.error}", "check the model's parameters and the endpoint's status"
+        )
     if m.unparsed:
         raise Failed(
             f"{m.unparsed} of {m.events} stream chunks were not JSON",
@@ -326,7 +329,12 @@ async def diagnose(target: Target, timeout: float = 10.0) -> list[Check]:
 def report(target: Target, checks: list[Check], as_json: bool, out: TextIO) -> int:
     ok = all(c.status == "ok" for c in checks)
     if as_json:
-        doc: dict[str, Any] = {"base_url": _shown(target.base_url), "model": target.model, "ok": ok, "checks": [asdict(c) for c in checks]}
+        doc: dict[str, Any] = {
+            "base_url": _shown(target.base_url),
+            "model": target.model,
+            "ok": ok,
+            "checks": [asdict(c) for c in checks],
+        }
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0 if ok else 1
     out.write(f"taotrace doctor: {_shown(target.base_url)}, model {target.model}\n")

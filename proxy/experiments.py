@@ -154,7 +154,11 @@ def summaries(results: Sequence[RunResult]) -> list[str]:
             f"model_size: {runs[-1].run.model} vs {runs[0].run.model}: TTFT {_x(_ratio(b.ttft_s, a.ttft_s))}, "
             f"TPOT {_x(_ratio(b.tpot_s, a.tpot_s))}"
         )
-    gaps = [abs(r.client.ttft_s - r.record.timing.ttft) for r in results if r.record and r.record.timing.ttft is not None and r.client.ttft_s is not None]
+    gaps = [
+        abs(r.client.ttft_s - r.record.timing.ttft)
+        for r in results
+        if r.record and r.record.timing.ttft is not None and r.client.ttft_s is not None
+    ]
     if gaps:
         lines.append(f"client vs proxy TTFT: max |difference| {max(gaps) * 1000:.1f} ms over {len(gaps)} runs")
     kv = [r for r in results if r.kv_bytes and r.client.input_tokens is not None]
@@ -162,7 +166,9 @@ def summaries(results: Sequence[RunResult]) -> list[str]:
         top = max(kv, key=lambda r: r.kv_bytes or 0)
         per_token: dict[str, float] = {}
         for r in kv:  # peak bytes over the tokens held (prompt + output), whole blocks included
-            per_token.setdefault(r.run.model, (r.kv_bytes or 0) / ((r.client.input_tokens or 0) + r.client.output_tokens))
+            per_token.setdefault(
+                r.run.model, (r.kv_bytes or 0) / ((r.client.input_tokens or 0) + r.client.output_tokens)
+            )
         each = ", ".join(f"{model} ~{size / 1024:.0f} KiB" for model, size in per_token.items())
         lines.append(
             f"KV cache (who ate the GPU memory): {top.run.experiment} {top.run.label} held "
@@ -197,6 +203,12 @@ def format_report(results: Sequence[RunResult]) -> str:
             )
         )  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + ["", "times in ms; client columns first, then the proxy's split of the same request", *summaries(results)])
+    return "\n".join(
+        lines
+        + ["", "times in ms; client columns first, then the proxy's split of the same request", *summaries(results)]
+    )

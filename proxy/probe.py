@@ -79,7 +79,9 @@ def format_table(results: Sequence[Measurement]) -> str:
              _count(m.input_tokens), _count(m.cached_tokens), m.usage_source)
         )  # fmt: skip
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))) for row in rows)
+    return "\n".join(
+        "  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))) for row in rows
+    )
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -113,7 +115,9 @@ def report(settings: ProbeSettings, target: Target, results: Sequence[Measuremen
             out.write(format_table(good) + "\n")
         if len(good) > 1:
             med = summary(good, True)
-            out.write(f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {_rate(med['tokens_per_s'])} tok/s\n")
+            out.write(
+                f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {_rate(med['tokens_per_s'])} tok/s\n"
+            )
         if failed is not None:
             out.write(f"error: {failed.error}\n")
     return 0 if failed is None and results else 1

@@ -101,7 +101,11 @@ async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
     assert code == 0 and len(results) == 8
     header = text.splitlines()[2].split()
     assert header[:6] == ["experiment", "run", "in", "tok", "cached", "TTFT"] and "prefill_wait" in header
-    assert "input_length: input x" in text and "prefix_cache: repeats' TTFT" in text and "model_size: gpt-4o vs gpt-4o-mini" in text
+    assert (
+        "input_length: input x" in text
+        and "prefix_cache: repeats' TTFT" in text
+        and "model_size: gpt-4o vs gpt-4o-mini" in text
+    )
     assert "client vs proxy TTFT: max |difference|" in text and "who ate the GPU memory" in text
     assert seen["chat"] == 200 and seen["metrics"][0] == 200
     assert "taotrace_time_to_first_token_seconds" in seen["metrics"][1]
@@ -111,7 +115,12 @@ async def test_real_mode_needs_a_key_and_sends_it_upstream() -> None:
     code, _ = await demo(DemoSettings(**QUICK, real=True, api_key=None), io.StringIO())
     assert code == 2
     async with running(SimSettings(port=0, time_scale=0.5, require_key=True, api_keys=["k-real"])) as upstream:
-        settings = DemoSettings(**{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4}, real=True, upstream=upstream.url, api_key="k-real")
+        settings = DemoSettings(
+            **{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4},
+            real=True,
+            upstream=upstream.url,
+            api_key="k-real",
+        )
         out = io.StringIO()
         code, results = await demo(settings, out)
         assert code == 0 and all(r.client.ok and r.record is not None for r in results)
@@ -123,7 +132,9 @@ async def test_real_mode_needs_a_key_and_sends_it_upstream() -> None:
 
 async def test_demo_speaks_the_other_dialects() -> None:
     for api in ("responses", "messages"):
-        settings = DemoSettings(**{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4, "json_output": True}, api=api)
+        settings = DemoSettings(
+            **{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4, "json_output": True}, api=api
+        )
         out = io.StringIO()
         code, _ = await demo(settings, out)
         doc = json.loads(out.getvalue())

@@ -128,7 +128,15 @@ GOOD = [chat_chunk(role="assistant", content=""), chat_chunk("O"), chat_chunk("K
         (sse(*GOOD), "ok", "no usage chunk"),
         (sse(*GOOD, done=False), "fail", "before `data: [DONE]`"),
         ([b"data: <html>oops</html>\n\n", *sse(*GOOD)], "fail", "not JSON"),
-        (sse(chat_chunk(role="assistant", content=""), {"error": {"message": "boom", "type": "server_error"}}, done=False), "fail", "boom"),
+        (
+            sse(
+                chat_chunk(role="assistant", content=""),
+                {"error": {"message": "boom", "type": "server_error"}},
+                done=False,
+            ),
+            "fail",
+            "boom",
+        ),
         (sse(chat_chunk(role="assistant", content=""), chat_chunk(finish="stop")), "fail", "no tokens"),
     ],
 )

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from proxy.client import Call, measure
-from proxy.probe import ProbeSettings, probe, report
 from proxy.clientconfig import load_target
+from proxy.probe import ProbeSettings, probe, report
 from proxy.serve import running as proxy_running
 from proxy.settings import Settings
 from proxy.sim import SimRunning, SimSettings, running
@@ -49,7 +48,14 @@ async def test_role_empty_comment_and_usage_only_chunks_are_not_tokens() -> None
         *sse(chat_chunk(role="assistant", content=""), done=False),
         *sse(chat_chunk(content=""), done=False),
         *sse({"id": "x", "object": "chat.completion.chunk", "choices": []}, done=False),  # empty, no usage
-        *sse(chat_chunk("Hel"), chat_chunk("lo"), chat_chunk("!"), chat_chunk(finish="stop"), usage_chunk(9, 3, cached=4), done=True),
+        *sse(
+            chat_chunk("Hel"),
+            chat_chunk("lo"),
+            chat_chunk("!"),
+            chat_chunk(finish="stop"),
+            usage_chunk(9, 3, cached=4),
+            done=True,
+        ),
     ]
     fake = await FakeUpstream(stream_handler(frames, first_delay=0.0, gap=0.03)).start()
     try:
@@ -112,11 +118,15 @@ async def test_runs_give_a_runs_list_and_show_the_prefix_cache(sim: SimRunning) 
 
 async def test_config_file_aliases_and_default_params(sim: SimRunning, tmp_path: Path) -> None:
     config = tmp_path / "taotoken.json"
-    config.write_text(json.dumps({
-        "base_url": sim.base_url,
-        "models": {"fast": "gpt-4o-mini", "strong": {"model": "gpt-4o", "max_tokens": 5}},
-        "default_params": {"temperature": 0.2, "max_tokens": 7},
-    }))
+    config.write_text(
+        json.dumps(
+            {
+                "base_url": sim.base_url,
+                "models": {"fast": "gpt-4o-mini", "strong": {"model": "gpt-4o", "max_tokens": 5}},
+                "default_params": {"temperature": 0.2, "max_tokens": 7},
+            }
+        )
+    )
     doc = json.loads((await _probe(ProbeSettings(config=str(config), model="fast", json_output=True)))[1])
     assert (doc["model"], doc["base_url"], doc["output_tokens"]) == ("gpt-4o-mini", sim.base_url, 7)
     doc = json.loads((await _probe(ProbeSettings(config=str(config), model="strong", json_output=True)))[1])
@@ -133,7 +143,9 @@ async def test_errors_are_reported_and_the_key_never_printed() -> None:
             assert code == 1 and "401" in text and secret not in text
         code, text = await _probe(ProbeSettings(base_url=sim.base_url, api_key="other", model="nope"))
         assert code == 1 and "model_not_found" in text
-    assert secret not in repr(ProbeSettings(api_key=secret)) and secret not in repr(load_target(ProbeSettings(api_key=secret)))
+    assert secret not in repr(ProbeSettings(api_key=secret)) and secret not in repr(
+        load_target(ProbeSettings(api_key=secret))
+    )
 
 
 # --- through the proxy ---------------------------------------------------------------------
@@ -143,7 +155,10 @@ async def test_client_and_proxy_agree_on_ttft(sim: SimRunning) -> None:
     records: list[RequestRecord] = []
     settings = Settings(upstream=sim.url, port=0, metrics_port=0)
     async with proxy_running(settings, on_record=records.append) as srv, aiohttp.ClientSession() as session:
-        results = [await measure(session, srv.proxy_url + "/v1", Call("chat_completions", "gpt-4o-mini", "x " * n, 10)) for n in (50, 800)]
+        results = [
+            await measure(session, srv.proxy_url + "/v1", Call("chat_completions", "gpt-4o-mini", "x " * n, 10))
+            for n in (50, 800)
+        ]
         for _ in range(50):
             if len(records) == 2:
                 break

@@ -34,7 +34,9 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-async def _events(session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, list[SSEEvent], aiohttp.ClientResponse]:
+async def _events(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, list[SSEEvent], aiohttp.ClientResponse]:
     decoder = SSEDecoder()
     events: list[SSEEvent] = []
     async with session.post(url, json=body, headers=headers) as response:
@@ -53,8 +55,12 @@ CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}],
 # --- formats -------------------------------------------------------------------------------
 
 
-async def test_chat_stream_is_role_chunk_tokens_finish_usage_done(sim: SimRunning, session: aiohttp.ClientSession) -> None:
-    status, events, response = await _events(session, sim.base_url + "/chat/completions", {**CHAT, "stream_options": {"include_usage": True}})
+async def test_chat_stream_is_role_chunk_tokens_finish_usage_done(
+    sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
+    status, events, response = await _events(
+        session, sim.base_url + "/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}
+    )
     assert status == 200 and response.headers["Content-Type"].startswith("text/event-stream")
     assert events[-1].data == b"[DONE]"
     chunks = _json(events)
@@ -75,7 +81,15 @@ async def test_without_include_usage_there_is_no_usage_chunk(sim: SimRunning, se
 @pytest.mark.parametrize(
     ("api", "path", "body"),
     [
-        ("chat_completions", "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 80, "stream_options": {"include_usage": True}}),
+        (
+            "chat_completions",
+            "/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 80,
+                "stream_options": {"include_usage": True},
+            },
+        ),
         ("completions", "/completions", {"prompt": "hi", "max_tokens": 80, "stream_options": {"include_usage": True}}),
         ("responses", "/responses", {"input": "hi", "max_output_tokens": 80}),
         ("messages", "/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 80}),
@@ -100,12 +114,19 @@ async def test_every_dialect_reads_back_with_the_proxys_own_rules(
     assert reader.error_type is None
 
 
-async def test_responses_events_in_order_with_reasoning_and_cached_usage(sim: SimRunning, session: aiohttp.ClientSession) -> None:
+async def test_responses_events_in_order_with_reasoning_and_cached_usage(
+    sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
     body = {"model": "o3-mini", "input": "explain the prefill " * 20, "stream": True}
     await _events(session, sim.base_url + "/responses", body)  # warm the prefix cache
     _, events, _ = await _events(session, sim.base_url + "/responses", body)
     kinds = [e.event for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     first_text = kinds.index("response.output_text.delta")
     assert "response.reasoning_text.delta" in kinds[:first_text]
     assert kinds[-1] == "response.completed"
@@ -130,12 +151,23 @@ async def test_messages_events_with_thinking_ping_and_usage(sim: SimRunning, ses
     assert deltas.index("signature_delta") == deltas.index("text_delta") - 1
     assert payloads[-2]["usage"]["output_tokens"] == 70 and payloads[-2]["delta"]["stop_reason"] == "max_tokens"
     start_usage = payloads[0]["message"]["usage"]
-    assert set(start_usage) >= {"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"}
+    assert set(start_usage) >= {
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens",
+    }
 
 
 async def test_the_sdks_work_against_the_sim(sim: SimRunning) -> None:
     oai = openai.AsyncOpenAI(base_url=sim.base_url, api_key="k", max_retries=0)
-    stream = await oai.chat.completions.create(model="o3-mini", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=70, stream_options={"include_usage": True})
+    stream = await oai.chat.completions.create(
+        model="o3-mini",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        max_tokens=70,
+        stream_options={"include_usage": True},
+    )
     reasoning, content, usage = "", "", None
     async for chunk in stream:
         if chunk.choices:
@@ -149,7 +181,9 @@ async def test_the_sdks_work_against_the_sim(sim: SimRunning) -> None:
     assert whole.status == "completed" and whole.output_text and whole.usage is not None
     assert sorted(m.id for m in (await oai.models.list()).data) == ["gpt-4o", "gpt-4o-mini", "o3-mini"]
     ant = anthropic.AsyncAnthropic(base_url=sim.url, api_key="k", max_retries=0)
-    async with ant.messages.stream(model="gpt-4o-mini", max_tokens=10, messages=[{"role": "user", "content": "hi"}]) as s:
+    async with ant.messages.stream(
+        model="gpt-4o-mini", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+    ) as s:
         text = "".join([t async for t in s.text_stream])
         final = await s.get_final_message()
     assert text and final.usage.output_tokens == 10 and final.stop_reason == "max_tokens"
@@ -157,7 +191,9 @@ async def test_the_sdks_work_against_the_sim(sim: SimRunning) -> None:
     assert legacy.usage is not None and legacy.usage.completion_tokens == 4
 
 
-async def test_paths_work_with_and_without_v1_and_health_answers(sim: SimRunning, session: aiohttp.ClientSession) -> None:
+async def test_paths_work_with_and_without_v1_and_health_answers(
+    sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
     body = {**CHAT, "stream": False}
     for url in (sim.url + "/chat/completions", sim.url + "/v1/chat/completions", sim.url + "/api/v1/chat/completions"):
         async with session.post(url, json=body) as r:
@@ -219,7 +255,9 @@ async def test_concurrent_streams_share_decode_steps_and_slow_gently(session: ai
 # --- KV cache ------------------------------------------------------------------------------
 
 
-async def test_kv_usage_is_visible_while_running_and_per_request(sim: SimRunning, session: aiohttp.ClientSession) -> None:
+async def test_kv_usage_is_visible_while_running_and_per_request(
+    sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
     task = asyncio.create_task(_m(session, sim, "gpt-4o", "F " + WORDS * 50, 60))
     for _ in range(200):
         await asyncio.sleep(0.01)
@@ -264,7 +302,9 @@ async def test_keys_bad_or_missing_get_401_in_each_providers_shape(session: aioh
                 assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
         async with session.post(url, json=body, headers={"Authorization": "Bearer good"}) as r:
             assert r.status == 200
-        async with session.post(sim.base_url + "/messages", json={**body, "max_tokens": 3}, headers={"x-api-key": "bad"}) as r:
+        async with session.post(
+            sim.base_url + "/messages", json={**body, "max_tokens": 3}, headers={"x-api-key": "bad"}
+        ) as r:
             error = await r.json()
             assert r.status == 401 and error["type"] == "error" and error["error"]["type"] == "authentication_error"
         async with session.get(sim.base_url + "/models") as r:
@@ -272,7 +312,9 @@ async def test_keys_bad_or_missing_get_401_in_each_providers_shape(session: aioh
     async with running(SimSettings(port=0, time_scale=FAST)) as open_sim:  # keys not required: only "bad" is refused
         async with session.post(open_sim.base_url + "/chat/completions", json=body) as r:
             assert r.status == 200
-        async with session.post(open_sim.base_url + "/chat/completions", json=body, headers={"Authorization": "Bearer bad"}) as r:
+        async with session.post(
+            open_sim.base_url + "/chat/completions", json=body, headers={"Authorization": "Bearer bad"}
+        ) as r:
             assert r.status == 401
 
 
@@ -287,7 +329,11 @@ async def test_unknown_model_is_404_model_not_found(sim: SimRunning, session: ai
     ("path", "body", "last"),
     [
         ("/chat/completions", CHAT, b'{"error":'),
-        ("/responses", {"model": "gpt-4o-mini", "input": "hi", "stream": True, "max_output_tokens": 6}, b'{"type":"error"'),
+        (
+            "/responses",
+            {"model": "gpt-4o-mini", "input": "hi", "stream": True, "max_output_tokens": 6},
+            b'{"type":"error"',
+        ),
         ("/messages", {**CHAT, "model": "gpt-4o-mini"}, b'{"type":"error","error":{"type":"overloaded_error"'),
     ],
 )
@@ -299,7 +345,9 @@ async def test_midstream_trigger_sends_an_error_event_after_some_tokens(
     assert b"[DONE]" not in [e.data for e in events]
 
 
-async def test_marker_in_prompt_triggers_too_and_cut_truncates_the_body(sim: SimRunning, session: aiohttp.ClientSession) -> None:
+async def test_marker_in_prompt_triggers_too_and_cut_truncates_the_body(
+    sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
     marked = {**CHAT, "messages": [{"role": "user", "content": "hello [sim:midstream]"}]}
     _, events, _ = await _events(session, sim.base_url + "/chat/completions", marked)
     assert events[-1].data.startswith(b'{"error":')
@@ -319,7 +367,9 @@ async def test_status_triggers(sim: SimRunning, session: aiohttp.ClientSession, 
 
 async def test_stall_trigger_goes_silent_after_the_head(session: aiohttp.ClientSession) -> None:
     async with running(SimSettings(port=0, time_scale=FAST, stall_seconds=0.3)) as sim:
-        result = await measure(session, sim.base_url, Call("chat_completions", "gpt-4o-mini", "hi", 3), headers={"x-sim-fail": "stall"})
+        result = await measure(
+            session, sim.base_url, Call("chat_completions", "gpt-4o-mini", "hi", 3), headers={"x-sim-fail": "stall"}
+        )
     assert result.ok and result.ttfb_s is not None and result.ttft_s is not None
     assert result.ttft_s - result.ttfb_s >= 0.28
 

@@ -178,7 +178,9 @@ def test_reasoning_models_think_first_and_limits_cut_the_output() -> None:
     assert capped.total == 5 and capped.finish == "length" and capped.reasoning == ()
     tight = plan_output(REASONER, max_tokens=3, effort=None, seed="s")
     assert (len(tight.reasoning), len(tight.answer)) == (2, 1)
-    assert plan_output(MINI, max_tokens=50, effort=None, seed="x") == plan_output(MINI, max_tokens=50, effort=None, seed="x")
+    assert plan_output(MINI, max_tokens=50, effort=None, seed="x") == plan_output(
+        MINI, max_tokens=50, effort=None, seed="x"
+    )
 
 
 # --- request parsing -----------------------------------------------------------------------
@@ -187,17 +189,28 @@ def test_reasoning_models_think_first_and_limits_cut_the_output() -> None:
 def test_each_dialect_parses_to_one_request() -> None:
     chat = parse_request(
         "chat_completions",
-        {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "stream": True,
-         "stream_options": {"include_usage": True}, "max_completion_tokens": 7},
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_completion_tokens": 7,
+        },
         {},
     )
     assert chat.prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert (chat.stream, chat.include_usage, chat.max_tokens) == (True, True, 7)
     legacy = parse_request("completions", {"model": "m", "prompt": "once"}, {})
     assert legacy.prompt == "once" and legacy.max_tokens == 16  # the legacy default
-    resp = parse_request("responses", {"model": "m", "input": "hi", "instructions": "be brief", "reasoning": {"effort": "high"}}, {})
+    resp = parse_request(
+        "responses", {"model": "m", "input": "hi", "instructions": "be brief", "reasoning": {"effort": "high"}}, {}
+    )
     assert resp.prompt.startswith("<|im_start|>system\nbe brief") and resp.reasoning_effort == "high"
-    msg = parse_request("messages", {"model": "m", "system": "sys", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}, {})
+    msg = parse_request(
+        "messages",
+        {"model": "m", "system": "sys", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]},
+        {},
+    )
     assert msg.prompt.startswith("<|im_start|>system\nsys") and msg.max_tokens == 3
 
 
@@ -227,7 +240,9 @@ def test_failure_triggers_come_from_a_header_or_a_prompt_marker() -> None:
 
 
 def test_a_catalogue_file_overrides_and_adds_models() -> None:
-    specs = catalogue_from({"models": [{"name": "gpt-4o", "decode_per_token_s": 0.05}, {**dataclasses.asdict(MINI), "name": "tiny"}]})
+    specs = catalogue_from(
+        {"models": [{"name": "gpt-4o", "decode_per_token_s": 0.05}, {**dataclasses.asdict(MINI), "name": "tiny"}]}
+    )
     by_name = {s.name: s for s in specs}
     assert by_name["gpt-4o"].decode_per_token_s == 0.05 and by_name["gpt-4o"].layers == 80
     assert isinstance(by_name["tiny"], ModelSpec) and len(specs) == 4

@@ -38,8 +38,14 @@ class MessagesWriter:
 
     def _start_block(self, kind: str) -> bytes:
         self._block += 1
-        block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {"type": "text", "text": ""}
-        return named_event("content_block_start", {"type": "content_block_start", "index": self._block, "content_block": block})
+        block = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
+        return named_event(
+            "content_block_start", {"type": "content_block_start", "index": self._block, "content_block": block}
+        )
 
     def _stop_block(self) -> bytes:
         if self._block < 0:
@@ -48,11 +54,17 @@ class MessagesWriter:
         if self._block == 0 and self._reasoning:
             head = named_event(
                 "content_block_delta",
-                {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": self._signature}},
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "signature_delta", "signature": self._signature},
+                },
             )
         return head + named_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
 
-    def _message(self, usage: SimUsage, content: list[dict[str, Any]], stop: str | None, output_tokens: int) -> dict[str, Any]:
+    def _message(
+        self, usage: SimUsage, content: list[dict[str, Any]], stop: str | None, output_tokens: int
+    ) -> dict[str, Any]:
         return {
             "id": self.meta.id,
             "type": "message",
@@ -79,8 +91,12 @@ class MessagesWriter:
             head = b""
         else:
             delta = {"type": "text_delta", "text": out.answer[index - self._reasoning]}
-            head = self._stop_block() + self._start_block("text") if index == self._reasoning and self._reasoning else b""
-        return head + named_event("content_block_delta", {"type": "content_block_delta", "index": self._block, "delta": delta})
+            head = (
+                self._stop_block() + self._start_block("text") if index == self._reasoning and self._reasoning else b""
+            )
+        return head + named_event(
+            "content_block_delta", {"type": "content_block_delta", "index": self._block, "delta": delta}
+        )
 
     def end(self, usage: SimUsage) -> bytes:
         stop = _STOP[self.meta.output.finish]
@@ -88,7 +104,11 @@ class MessagesWriter:
             self._stop_block()
             + named_event(
                 "message_delta",
-                {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": usage.output_tokens}},
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": usage.output_tokens},
+                },
             )
             + named_event("message_stop", {"type": "message_stop"})
         )

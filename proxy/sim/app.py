@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -24,7 +24,14 @@ from proxy.dialects import API_OTHER, api_for_path
 from proxy.sim.anthropic import MessagesWriter
 from proxy.sim.catalogue import ModelSpec
 from proxy.sim.engine import ADMITTED, Engine, Handle
-from proxy.sim.errors import SimError, bad_request, error_body, injected, model_not_found, unauthorized
+from proxy.sim.errors import (
+    SimError,
+    bad_request,
+    error_body,
+    injected,
+    model_not_found,
+    unauthorized,
+)
 from proxy.sim.openai_chat import ChatWriter, CompletionsWriter
 from proxy.sim.openai_responses import ResponsesWriter
 from proxy.sim.physics import Physics
@@ -36,7 +43,7 @@ from proxy.sim.wire import Meta, SimUsage, Writer, new_id
 
 __all__ = ["SIMULATOR", "Simulator", "create_app"]
 
-_WRITERS: dict[str, tuple[type[Writer], str]] = {
+_WRITERS: dict[str, tuple[Callable[[Meta], Writer], str]] = {
     "chat_completions": (ChatWriter, "chatcmpl-"),
     "completions": (CompletionsWriter, "cmpl-"),
     "responses": (ResponsesWriter, "resp_"),
@@ -90,7 +97,12 @@ class Simulator:
                 },
             }
         recent = [asdict(r) for engine in self.engines.values() for r in engine.recent]
-        return {"time_scale": self.settings.time_scale, "tokenizer": self.tokenizer.name, "models": models, "requests": recent}
+        return {
+            "time_scale": self.settings.time_scale,
+            "tokenizer": self.tokenizer.name,
+            "models": models,
+            "requests": recent,
+        }
 
     def request_stats(self, request_id: str) -> dict[str, Any] | None:
         for engine in self.engines.values():
@@ -158,8 +170,7 @@ def _route(path: str, prefix: str) -> tuple[str, str | None] | None:
         if not path.startswith(prefix + "/"):
             return None
         rest = path[len(prefix) :]
-        head, _, model = rest.rpartition("/")
-        if rest not in _ENDPOINTS and head != "/models":
+        if rest not in _ENDPOINTS and rest.rpartition("/")[0] != "/models":
             return None
     parts = path.split("/")
     if parts[-1] == "models":
@@ -176,7 +187,9 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     wanted = "GET" if route is not None and route[0] == "models" else "POST"
     if route is None or request.method != wanted:
         message = f"Unknown request URL: {request.method} {request.path}"
-        return _json({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "unknown_url"}}, 404)
+        return _json(
+            {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "unknown_url"}}, 404
+        )
     kind, model = route
     if kind == "models":
         return _models(sim, request, model)
@@ -194,7 +207,15 @@ def _models(sim: Simulator, request: web.Request, model: str | None) -> web.Resp
         spec = sim.models.get(model)
         return _json(_model_entry(spec)) if spec is not None else _error(api, model_not_found(model))
     data = [_model_entry(spec) for spec in sim.models.values()]
-    return _json({"object": "list", "data": data, "has_more": False, "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
+    return _json(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": False,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
 
 
 async def _generate(sim: Simulator, request: web.Request, api: str) -> web.StreamResponse:
@@ -252,7 +273,13 @@ async def _tokens(handle: Handle, total: int) -> AsyncIterator[int]:
 
 
 async def _stream(
-    request: web.Request, sim: Simulator, req: SimRequest, writer: Writer, handle: Handle, output: Output, prompt_tokens: int
+    request: web.Request,
+    sim: Simulator,
+    req: SimRequest,
+    writer: Writer,
+    handle: Handle,
+    output: Output,
+    prompt_tokens: int,
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": writer.meta.id})
     await response.prepare(request)
@@ -314,4 +341,3 @@ def create_app(settings: SimSettings, catalogue: tuple[ModelSpec, ...], tokenize
     app.router.add_get("/sim/requests/{id}", _request_stats)
     app.router.add_route("*", "/{tail:.*}", _dispatch)
     return app
-

@@ -1,19 +1,19 @@
 """Errors the simulator answers with, each carrying its HTTP status and both providers' names.
 
-    SimError                      (status, OpenAI type + code, Anthropic type)
-    ├── 400 invalid_request_error  bad JSON, missing field, context_length_exceeded
-    ├── 401 invalid_api_key        / authentication_error
-    ├── 404 model_not_found        / not_found_error
-    ├── 429 rate_limit_exceeded    / rate_limit_error
-    ├── 500 server_error           / api_error
-    └── 503 overloaded             / overloaded_error (Anthropic sends 529)
+SimError                      (status, OpenAI type + code, Anthropic type)
+├── 400 invalid_request_error  bad JSON, missing field, context_length_exceeded
+├── 401 invalid_api_key        / authentication_error
+├── 404 model_not_found        / not_found_error
+├── 429 rate_limit_exceeded    / rate_limit_error
+├── 500 server_error           / api_error
+└── 503 overloaded             / overloaded_error (Anthropic sends 529)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SimError", "bad_request", "error_body", "model_not_found", "unauthorized", "injected"]
+__all__ = ["SimError", "bad_request", "error_body", "injected", "model_not_found", "unauthorized"]
 
 
 class SimError(Exception):
@@ -59,9 +59,21 @@ def model_not_found(model: str) -> SimError:
 
 _INJECTED: dict[str, tuple[int, str, str, str, str]] = {
     "429": (429, "Rate limit reached for requests (simulated).", "requests", "rate_limit_exceeded", "rate_limit_error"),
-    "500": (500, "The server had an error while processing your request (simulated).", "server_error", "server_error", "api_error"),
+    "500": (
+        500,
+        "The server had an error while processing your request (simulated).",
+        "server_error",
+        "server_error",
+        "api_error",
+    ),
     "503": (503, "The engine is currently overloaded (simulated).", "server_error", "overloaded", "overloaded_error"),
-    "midstream": (500, "The server had an error while generating (simulated).", "server_error", "server_error", "overloaded_error"),
+    "midstream": (
+        500,
+        "The server had an error while generating (simulated).",
+        "server_error",
+        "server_error",
+        "overloaded_error",
+    ),
 }
 
 

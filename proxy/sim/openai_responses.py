@@ -95,10 +95,14 @@ class ResponsesWriter:
     def _open_item(self, kind: str) -> bytes:
         self._open = kind
         index = self._index(kind)
+        part: dict[str, Any]
         if kind == "reasoning":
             item, part = self._reasoning_item("in_progress", None), {"type": "reasoning_text", "text": ""}
         else:
-            item, part = self._message_item("in_progress", None), {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
+            item, part = (
+                self._message_item("in_progress", None),
+                {"type": "output_text", "annotations": [], "logprobs": [], "text": ""},
+            )
         return self._event("response.output_item.added", output_index=index, item=item) + self._event(
             "response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=part
         )
@@ -109,15 +113,23 @@ class ResponsesWriter:
             return b""
         index = self._index(kind)
         out = self.meta.output
+        part: dict[str, Any]
         if kind == "reasoning":
             text, item_id = out.reasoning_text, self._rs_id
-            done = self._event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text)
+            done = self._event(
+                "response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0, text=text
+            )
             part = {"type": "reasoning_text", "text": text}
             item = self._reasoning_item("completed", text)
         else:
             text, item_id = out.text, self._msg_id
             done = self._event(
-                "response.output_text.done", item_id=item_id, output_index=index, content_index=0, text=text, logprobs=[]
+                "response.output_text.done",
+                item_id=item_id,
+                output_index=index,
+                content_index=0,
+                text=text,
+                logprobs=[],
             )
             part = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
             item = self._message_item("completed", text)
@@ -129,7 +141,9 @@ class ResponsesWriter:
 
     def start(self, usage: SimUsage) -> bytes:
         response = self._response("in_progress", [], None)
-        return self._event("response.created", response=response) + self._event("response.in_progress", response=response)
+        return self._event("response.created", response=response) + self._event(
+            "response.in_progress", response=response
+        )
 
     def token(self, index: int) -> bytes:
         kind = "reasoning" if index < self._reasoning else "message"
@@ -139,7 +153,11 @@ class ResponsesWriter:
         out = self.meta.output
         if kind == "reasoning":
             return head + self._event(
-                "response.reasoning_text.delta", item_id=self._rs_id, output_index=0, content_index=0, delta=out.reasoning[index]
+                "response.reasoning_text.delta",
+                item_id=self._rs_id,
+                output_index=0,
+                content_index=0,
+                delta=out.reasoning[index],
             )
         return head + self._event(
             "response.output_text.delta",

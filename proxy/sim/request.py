@@ -62,7 +62,7 @@ def _messages(messages: object, field: str) -> str:
     for message in messages:
         if not isinstance(message, Mapping):
             raise bad_request(f"each item of '{field}' must be an object")
-        role = message.get("role") if isinstance(message.get("role"), str) else str(message.get("type", "user"))
+        role = str(message.get("role") or message.get("type") or "user")
         out.append(_turn(role, _text(message.get("content", message))))
     return "".join(out)
 

@@ -67,7 +67,10 @@ def run(settings: SimSettings) -> int:
             with suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
         async with running(settings) as sim:
-            print(f"taotrace sim: {sim.base_url} (time_scale {settings.time_scale}); stats at {sim.url}/sim/stats", flush=True)
+            print(
+                f"taotrace sim: {sim.base_url} (time_scale {settings.time_scale}); stats at {sim.url}/sim/stats",
+                flush=True,
+            )
             await stop.wait()
 
     try:

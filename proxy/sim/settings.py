@@ -40,6 +40,6 @@ class SimSettings(BaseSettings):
     path_prefix: str = Field(
         "", description="serve the API only under this prefix, e.g. /v1 (default: any prefix, or none)"
     )
-    catalogue: str | None = Field(None, description="JSON file overriding or adding models: {\"models\": [...]}")
+    catalogue: str | None = Field(None, description='JSON file overriding or adding models: {"models": [...]}')
 
     _split_keys = field_validator("api_keys", "bad_keys", mode="before")(split_csv)
