@@ -161,6 +161,15 @@ async def run(args: argparse.Namespace) -> Counter[str]:
                 except asyncio.TimeoutError:
                     pass
 
+    async def reporter() -> None:
+        # A line now and then, so `docker compose logs loadgen` shows it is alive.
+        while args.report_every > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=args.report_every)
+                return
+            except asyncio.TimeoutError:
+                print(json.dumps({"requests": sum(outcomes.values()), "outcomes": dict(outcomes)}), flush=True)
+
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=args.read_timeout)
     # The proxy may still be starting (compose starts both at once): wait for it, bounded.
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -171,7 +180,9 @@ async def run(args: argparse.Namespace) -> Counter[str]:
                     break
             except aiohttp.ClientError:
                 await asyncio.sleep(1)
+        report = asyncio.create_task(reporter())
         await asyncio.gather(*(worker(session) for _ in range(args.concurrency)))
+        report.cancel()
     return outcomes
 
 
@@ -192,6 +203,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--read-timeout", type=float, default=float(env("LOADGEN_READ_TIMEOUT", "60")))
     p.add_argument("--api-key", default=env("LOADGEN_API_KEY", "sk-demo"))
     p.add_argument("--seed", type=int, default=int(env("LOADGEN_SEED", "7")))
+    p.add_argument("--report-every", type=float, default=float(env("LOADGEN_REPORT_EVERY", "60")),
+                   help="seconds between progress lines; 0 = only the final summary")
     return p.parse_args(argv)
 
 
