@@ -28,11 +28,17 @@ class SSEEvent:
 class SSEDecoder:
     """Feed it the bytes of a `text/event-stream` as they arrive; it returns complete events."""
 
-    __slots__ = ("_tail", "_skip_lf", "_started", "_event", "_data", "_size", "_id", "_oversized", "_max")
+    __slots__ = (
+        "_tail", "_held", "_skip_line", "_skip_lf", "_started", "_event", "_data", "_size", "_id", "_oversized", "_max",
+    )  # fmt: skip
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
         self._max = max_event_bytes
-        self._tail = b""  # an incomplete last line
+        # An incomplete last line, kept as parts and joined only once its end arrives: a long
+        # line read in small pieces must cost linear time, not a re-copy of itself per read.
+        self._tail: list[bytes] = []
+        self._held = 0  # bytes in _tail
+        self._skip_line = False  # the current line went over the cap: drop it up to its end
         self._skip_lf = False  # the previous read ended in CR: an LF at the start of this one is its pair
         self._started = False  # the BOM check is done
         self._event = ""
@@ -50,21 +56,28 @@ class SSEDecoder:
         if b"\r" in chunk:
             self._skip_lf = chunk[-1:] == b"\r"
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self._skip_line:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return []
+            self._skip_line = False
+            chunk = chunk[end + 1 :]
         if self._tail:
-            chunk = self._tail + chunk
+            if b"\n" not in chunk and self._started:
+                self._hold(chunk)
+                return []
+            chunk = b"".join(self._tail) + chunk
+            self._tail = []
+            self._held = 0
         if not self._started:
             if len(chunk) < 3 and _BOM.startswith(chunk):
-                self._tail = chunk  # could still be the start of a BOM
+                self._hold(chunk)  # could still be the start of a BOM
                 return []
             self._started = True
             if chunk.startswith(_BOM):
                 chunk = chunk[3:]
         lines = chunk.split(b"\n")
-        tail = lines.pop()
-        if len(tail) > self._max:
-            tail = b""
-            self._oversized = True
-        self._tail = tail
+        self._hold(lines.pop())
         events: list[SSEEvent] = []
         for line in lines:
             event = self._line(line)
@@ -74,9 +87,25 @@ class SSEDecoder:
 
     def flush(self) -> list[SSEEvent]:
         """End of stream. Per the spec, an event not ended by a blank line is discarded."""
-        self._tail = b""
+        self._tail = []
+        self._held = 0
+        self._skip_line = False
         self._reset()
         return []
+
+    def _hold(self, part: bytes) -> None:
+        """Keep the start of an unfinished line, unless the line is over the cap."""
+        if not part:
+            return
+        self._held += len(part)
+        if self._held > self._max:
+            self._tail = []
+            self._held = 0
+            self._skip_line = True
+            self._oversized = True  # the event this line belongs to is dropped whole
+            self._data = []
+        else:
+            self._tail.append(part)
 
     def _reset(self) -> None:
         self._event = ""

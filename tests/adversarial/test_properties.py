@@ -1,0 +1,157 @@
+"""Property-based tests (hypothesis): the SSE decoder against a reference reading of the spec,
+and the header rules against any header set."""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.headers import HOP_BY_HOP, request_headers, response_headers
+from proxy.sse import SSEDecoder, SSEEvent
+
+# --- SSE ------------------------------------------------------------------------------------
+
+_EOL = st.sampled_from([b"\n", b"\r\n", b"\r"])
+_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30)
+_field = st.sampled_from([b"data", b"event", b"id", b"retry", b"x-unknown", b""])
+
+
+@st.composite
+def _line(draw) -> bytes:
+    kind = draw(st.sampled_from(["field", "comment", "bare"]))
+    value = draw(_text).encode()
+    if kind == "comment":
+        return b":" + value
+    if kind == "bare":
+        return draw(_field) or b"data"
+    space = draw(st.sampled_from([b"", b" ", b"  "]))
+    return draw(_field) + b":" + space + value
+
+
+@st.composite
+def streams(draw) -> bytes:
+    """Valid event streams: lines with mixed line endings, blank lines between events, maybe a BOM."""
+    out = [b"\xef\xbb\xbf"] if draw(st.booleans()) else []
+    for _ in range(draw(st.integers(0, 12))):
+        for line in draw(st.lists(_line(), max_size=5)):
+            out += [line, draw(_EOL)]
+        out.append(draw(_EOL))
+    return b"".join(out)
+
+
+def reference(stream: bytes) -> list[SSEEvent]:
+    """The WHATWG algorithm, read literally, on the whole stream at once."""
+    if stream.startswith(b"\xef\xbb\xbf"):
+        stream = stream[3:]
+    lines = stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    lines.pop()  # an unfinished last line is never processed
+    events, data, event, last_id = [], [], "", None
+    for line in lines:
+        if not line:
+            if data:
+                events.append(SSEEvent(event or "message", b"\n".join(data), last_id))
+            data, event = [], ""
+            continue
+        if line.startswith(b":"):
+            continue
+        name, _, value = line.partition(b":")
+        if value.startswith(b" "):
+            value = value[1:]
+        if name == b"data":
+            data.append(value)
+        elif name == b"event":
+            event = value.decode("utf-8", "replace")
+        elif name == b"id" and b"\x00" not in value:
+            last_id = value.decode("utf-8", "replace")
+    return events
+
+
+def _feed(stream: bytes, cuts: list[int], decoder: SSEDecoder | None = None) -> list[SSEEvent]:
+    decoder = decoder or SSEDecoder()
+    events: list[SSEEvent] = []
+    prev = 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        events += decoder.feed(stream[prev:cut])
+        prev = cut
+    return events
+
+
+@settings(max_examples=400, deadline=None)
+@given(stream=streams(), data=st.data())
+def test_any_split_of_a_valid_stream_gives_the_spec_events(stream: bytes, data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=len(stream) // 2 + 1))
+    assert _feed(stream, cuts) == reference(stream)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=streams())
+def test_byte_by_byte_equals_all_at_once(stream: bytes) -> None:
+    assert _feed(stream, list(range(len(stream)))) == _feed(stream, []) == reference(stream)
+
+
+@settings(max_examples=400, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=200), max_size=30))
+def test_arbitrary_bytes_never_raise_and_memory_is_capped(chunks: list[bytes]) -> None:
+    decoder = SSEDecoder(max_event_bytes=256)
+    for chunk in chunks:
+        for event in decoder.feed(chunk):
+            assert len(event.data) <= 256
+        assert decoder._held <= 256  # the unfinished-line buffer never outgrows the cap
+        assert decoder._size <= 256 + 1
+    decoder.flush()
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(300, 5000), piece=st.integers(1, 97), data=st.data())
+def test_oversize_events_are_dropped_whole_and_parsing_resumes(size: int, piece: int, data: st.DataObject) -> None:
+    eol = data.draw(_EOL)
+    big = b"event: big" + eol + b"data: " + b"x" * size + eol + eol
+    small = b"data: after" + eol + eol
+    stream = b"data: before" + eol + eol + big + small
+    events = _feed(stream, list(range(0, len(stream), piece)), SSEDecoder(max_event_bytes=256))
+    assert [e.data for e in events] == [b"before", b"after"]
+    assert all(e.event == "message" for e in events)
+
+
+def test_a_long_line_in_small_reads_costs_linear_time() -> None:
+    decoder = SSEDecoder()
+    piece = b"y" * 100
+    t = time.perf_counter()
+    decoder.feed(b"data: ")
+    for _ in range(40_000):  # 4 MB of one line, 100 bytes per read
+        decoder.feed(piece)
+    assert decoder.feed(b"\n\ndata: ok\n\n") == [SSEEvent("message", b"ok")]
+    assert time.perf_counter() - t < 1.0  # was 10 s when each read re-copied the held line
+
+
+# --- headers --------------------------------------------------------------------------------
+
+_TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_names = st.one_of(
+    st.sampled_from(
+        sorted(HOP_BY_HOP)
+        + ["Connection", "Host", "Content-Length", "Expect", "Authorization", "X-Api-Key", "Cookie",
+           "traceparent", "X-Forwarded-For", "Content-Type", "Keep-Alive", "TE", "x-custom"]
+    ).map(lambda n: "".join(c.upper() if i % 2 else c for i, c in enumerate(n))),  # any letter case
+    st.text(_TOKEN, min_size=1, max_size=12),
+)
+_values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(headers=st.lists(st.tuples(_names, _values), max_size=20), peer=st.one_of(st.none(), st.just("10.0.0.7")))
+def test_header_rules_hold_for_any_header_set(headers: list[tuple[str, str]], peer: str | None) -> None:
+    named = {
+        token.strip().lower() for k, v in headers if k.lower() == "connection" for token in v.split(",") if token.strip()
+    }
+    never = HOP_BY_HOP | named | {"host", "content-length", "expect"}
+    for out in (request_headers(headers, peer), response_headers(headers)):
+        for key, value in out.items():
+            assert key.lower() not in never or key.lower() == "x-forwarded-for"
+            assert "\r" not in value and "\n" not in value
+    # Everything end-to-end passes, in order, untouched.
+    sent = request_headers(headers, None)
+    kept = [(k, v) for k, v in headers if k.lower() not in never]
+    assert list(sent.items()) == kept
