@@ -7,6 +7,8 @@ children for an (api, model) pair are created once and reused.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -87,6 +89,26 @@ class _Children:
         self.tok_reasoning = m.tokens.labels(api, model, "reasoning")
 
 
+def _observe_many(child: Histogram, values: Sequence[float]) -> None:
+    """`child.observe(v)` for each value, with one lock round per bucket instead of two per value.
+
+    prometheus_client has no bulk observe; a 1,000-token stream would otherwise hold the event
+    loop for ~0.8 ms at its end (every other stream's next chunk waits behind it). Same bucket
+    rule as `Histogram.observe`: the first bound with `value <= bound` (bisect_left).
+    """
+    if not values:
+        return
+    bounds = child._upper_bounds  # noqa: SLF001 - ends with +Inf, as observe() relies on too
+    counts = [0] * len(bounds)
+    for v in values:
+        counts[bisect_left(bounds, v)] += 1
+    child._sum.inc(sum(values))  # noqa: SLF001
+    buckets = child._buckets  # noqa: SLF001
+    for i, n in enumerate(counts):
+        if n:
+            buckets[i].inc(n)
+
+
 class Metrics:
     """The `taotrace_*` metrics on one registry."""
 
@@ -155,15 +177,14 @@ class Metrics:
             if t.tpot is not None:
                 c.tpot.observe(t.tpot, exemplar)
             if t.itl:
-                # An exemplar on the slowest gap only: it is the one worth opening in Jaeger.
-                slowest = max(t.itl)
-                observe = c.itl.observe
-                for gap in t.itl:
-                    if gap == slowest and exemplar is not None:
-                        observe(gap, exemplar)
-                        exemplar = None
-                    else:
-                        observe(gap)
+                gaps: Sequence[float] = t.itl
+                if exemplar is not None:
+                    # An exemplar on the slowest gap only: it is the one worth opening in Jaeger.
+                    slowest = max(gaps)
+                    c.itl.observe(slowest, exemplar)
+                    i = gaps.index(slowest)
+                    gaps = gaps[:i] + gaps[i + 1 :]
+                _observe_many(c.itl, gaps)
         u = rec.usage
         if u.input_tokens:
             c.tok_in.inc(u.input_tokens)
