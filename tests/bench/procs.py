@@ -90,6 +90,7 @@ class Proc:
     cpus: str | None = None
     env: dict[str, str] | None = None
     cwd: str | None = None
+    nice: int = 0
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _pids: list[int] = field(default_factory=list, repr=False)
 
@@ -97,6 +98,8 @@ class Proc:
         argv = list(self.argv)
         if self.cpus is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", self.cpus, *argv]
+        if self.nice:
+            argv = ["nice", "-n", str(self.nice), *argv]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = self.log.open("wb")
         self.popen = subprocess.Popen(

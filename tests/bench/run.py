@@ -44,7 +44,7 @@ from procs import Proc, free_port, wait_port  # noqa: E402
 
 PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
-ARM_ORDER = ("direct", "nginx", "taotrace", "taotrace-noexport", "litellm")
+ARM_ORDER = ("direct", "nginx", "taotrace", "taotrace-noexport", "taotrace-baseline", "litellm")
 HOLD_TOKENS = 4
 MS = 1e6  # ns per ms
 
@@ -157,6 +157,7 @@ class Bench:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     def _start(self, proc: Proc, port: int, timeout: float = 30.0) -> Proc:
+        proc.nice = self.args.nice
         self.procs.append(proc.start())
         try:
             wait_port(port, timeout, proc.popen)
@@ -184,6 +185,8 @@ class Bench:
         for name in ("taotrace", "taotrace-noexport"):
             if name in wanted:
                 self._start_taotrace(name, env, upstream_url)
+        if self.args.baseline:
+            self._start_taotrace("taotrace-baseline", env, upstream_url, src=self._export_baseline(self.args.baseline))
         if "litellm" in wanted:
             self._start_litellm(env)
         self.arms = {n: self.arms[n] for n in ARM_ORDER if n in self.arms}
@@ -212,14 +215,23 @@ class Bench:
         self._start(proc, port)
         self.arms["nginx"] = Arm("nginx", port, proc)
 
-    def _start_taotrace(self, name: str, env: dict[str, str], upstream_url: str) -> None:
-        probe = subprocess.run([PY, "-c", "import proxy.serve"], cwd=ROOT, capture_output=True, text=True)
+    def _export_baseline(self, ref: str) -> Path:
+        """`proxy/` as of a git ref, unpacked beside the results (the repository is not touched)."""
+        dest = self.out / f"baseline-{ref.replace('/', '_')}"
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", ref, "proxy"], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return dest
+
+    def _start_taotrace(self, name: str, env: dict[str, str], upstream_url: str, src: Path = ROOT) -> None:
+        """taotrace from `src` (this checkout, or an exported baseline: `python -m proxy` runs from cwd)."""
+        probe = subprocess.run([PY, "-c", "import proxy.serve"], cwd=src, capture_output=True, text=True)
         if probe.returncode != 0:
             self.skipped[name] = "proxy.serve not importable: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
             return
         port, mport = free_port(), free_port()
         penv = dict(env)
-        if name == "taotrace":
+        if name != "taotrace-noexport":
             if not self.sink_port:
                 self.sink_port = free_port()
                 self._start(Proc("otlp-sink", [PY, str(HERE / "otlp_sink.py"), "--port", str(self.sink_port)],
@@ -231,7 +243,7 @@ class Bench:
             )
         proc = Proc(name, [PY, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port),
                            "--metrics-port", str(mport)],
-                    self.out / f"{name}.log", cpus=PROXY_CPU, env=penv, cwd=str(ROOT))
+                    self.out / f"{name}.log", cpus=PROXY_CPU, env=penv, cwd=str(src))
         self._start(proc, port)
         self.arms[name] = Arm(name, port, proc, metrics_port=mport)
 
@@ -502,6 +514,7 @@ def reduce(bench: Bench) -> dict[str, object]:
             "byte_exact": c.exact, "errors": dict(c.errors),
             "ttft_p50_ms": pct(c.ttft, 0.5) / MS, "ttft_p99_ms": pct(c.ttft, 0.99) / MS,
             "ttfb_p50_ms": pct(c.ttfb, 0.5) / MS,
+            "ttft_top5_ms": [round(v / MS, 3) for v in sorted(c.ttft)[-5:]],
             "gap_p50_ms": pct(c.gaps, 0.5) / MS, "gap_p99_ms": pct(c.gaps, 0.99) / MS,
             "gap_max_ms": c.max_gap / MS,
             "cpu_us_per_event": (cpu / c.events / 1e3) if (c.events and arm != "direct") else None,
@@ -698,6 +711,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=int, help="idle streams held open for the memory test")
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream time to first token")
     ap.add_argument("--interval-ms", type=float, default=5.0, help="upstream inter-token interval")
+    ap.add_argument("--baseline", metavar="GIT_REF",
+                    help="add an arm running proxy/ as of GIT_REF (telemetry on): A/B an optimisation in one run")
+    ap.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
+                    help="niceness of every bench process (default -10 as root: other work on the machine "
+                         "then delays our wake-ups less)")
     ap.add_argument("--no-install", action="store_true", help="never install nginx or LiteLLM; skip those arms")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
@@ -717,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (want_fds, hard))  # children inherit it
     if os.cpu_count() and os.cpu_count() >= 2:  # type: ignore[operator]
         os.sched_setaffinity(0, {int(LOAD_CPU)})
+    if args.nice:
+        os.nice(args.nice)
 
     bench = Bench(args, plan, outdir)
     t0 = time.monotonic()
@@ -735,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
         "plan": plan.__dict__,
         "quick": args.quick,
-        "pinning": {"proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU},
+        "pinning": {"proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU, "nice": args.nice},
         "skipped": bench.skipped,
         "checks": bench.checks,
         "seconds": round(time.monotonic() - t0, 1),
