@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -512,29 +512,46 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
+def ignore_pattern(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern (Go filepath.Match plus `**`) as a regex over a relative path;
+    a pattern naming a directory also matches everything below it."""
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + "(?:/.*)?")
+
+
 def context_files() -> list[Path]:
-    """The build context after deploy/Dockerfile.dockerignore, as BuildKit would send it."""
-    patterns = [
-        line.strip()
-        for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
+    """The build context after deploy/Dockerfile.dockerignore, as BuildKit would send it:
+    patterns in order, the last one that matches decides, `!` lets a path back in."""
+    rules = []
+    for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            rules.append((line.startswith("!"), ignore_pattern(line.lstrip("!").strip("/"))))
     kept = []
-    for path in ROOT.rglob("*"):
-        if not path.is_file() or ".git" in path.parts:
-            continue
-        rel = path.relative_to(ROOT).as_posix()
-        included = True
-        for pattern in patterns:
-            negate = pattern.startswith("!")
-            pat = pattern.lstrip("!").rstrip("/")
-            if fnmatch(rel, pat) or fnmatch(rel, pat + "/*") or rel.startswith(pat + "/") or (
-                pat.startswith("proxy/**/") and fnmatch(Path(rel).name, pat.split("/")[-1])
-                or pat.startswith("proxy/**/") and f"/{pat.split('/')[-1]}/" in f"/{rel}"
-            ):
-                included = negate
-        if included:
-            kept.append(path)
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        # Never part of any context worth checking, and large: skip walking them.
+        dirnames[:] = [d for d in dirnames if d not in (".git", ".venv", "node_modules", ".pytest_cache")]
+        for filename in filenames:
+            path = Path(dirpath) / filename
+            rel = path.relative_to(ROOT).as_posix()
+            included = True
+            for negated, regex in rules:
+                if regex.fullmatch(rel):
+                    included = negated
+            if included:
+                kept.append(path)
     return kept
 
 
@@ -558,9 +575,11 @@ def test_dockerfile_is_small_non_root_and_healthchecked() -> None:
 def test_dockerfile_build_context_builds_the_package(tmp_path: Path) -> None:
     # What the image's first stage does, natively: copy what the COPY lines name (out of the
     # context the .dockerignore leaves) and build a wheel from exactly that.
+    pytest.importorskip("setuptools", reason="the PEP 517 backend of pyproject.toml")
     kept = {p.relative_to(ROOT).as_posix() for p in context_files()}
     assert "pyproject.toml" in kept and "README.md" in kept and "proxy/cli.py" in kept
-    assert not any(k.startswith((".venv/", "tests/", "deploy/")) for k in kept)
+    assert not any(k.startswith(("tests/", "deploy/", "grafana/")) for k in kept)
+    assert not any("__pycache__" in k or k.endswith(".pyc") for k in kept)
     copies = [rest.split() for w, rest in dockerfile_instructions() if w == "COPY" and "--from" not in rest]
     src = tmp_path / "src"
     src.mkdir()
