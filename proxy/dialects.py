@@ -147,6 +147,11 @@ def _anthropic_usage(u: object, previous: Usage | None) -> Usage | None:
     )
 
 
+def _items(value: object) -> list[Any]:
+    """A JSON array, or nothing: `"choices": 5` must not raise (upstreams lie)."""
+    return value if isinstance(value, list) else []
+
+
 def _nonempty(value: object) -> bool:
     return isinstance(value, str) and value != ""
 
@@ -217,7 +222,7 @@ class ChatReader(StreamReader):
         if usage:
             self.usage = _openai_usage(usage) or self.usage
         token = False
-        for choice in obj.get("choices") or ():
+        for choice in _items(obj.get("choices")):
             if not isinstance(choice, dict):
                 continue
             self._finish(choice.get("finish_reason"))
@@ -236,7 +241,7 @@ class ChatReader(StreamReader):
                 found = True
                 if key == "content":
                     self._keep(value)
-        for call in delta.get("tool_calls") or ():
+        for call in _items(delta.get("tool_calls")):
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict) and _nonempty(fn.get("arguments")):
                 found = True
@@ -367,7 +372,7 @@ def read_body(api: str, body: bytes, capture_content: bool = False) -> StreamRea
         reader._meta(obj)
         reader.usage = _anthropic_usage(obj.get("usage"), None)
         reader._finish(obj.get("stop_reason"))
-        for block in obj.get("content") or ():
+        for block in _items(obj.get("content")):
             if isinstance(block, dict):
                 reader._keep(block.get("text"))
     elif api == API_RESPONSES:
@@ -377,7 +382,7 @@ def read_body(api: str, body: bytes, capture_content: bool = False) -> StreamRea
     else:
         reader._meta(obj)
         reader.usage = _openai_usage(obj.get("usage"))
-        for choice in obj.get("choices") or ():
+        for choice in _items(obj.get("choices")):
             if isinstance(choice, dict):
                 reader._finish(choice.get("finish_reason"))
                 message = choice.get("message")

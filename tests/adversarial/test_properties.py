@@ -155,3 +155,54 @@ def test_header_rules_hold_for_any_header_set(headers: list[tuple[str, str]], pe
     sent = request_headers(headers, None)
     kept = [(k, v) for k, v in headers if k.lower() not in never]
     assert list(sent.items()) == kept
+
+
+# --- dialect readers ------------------------------------------------------------------------
+
+from proxy.dialects import API_CHAT, API_COMPLETIONS, API_MESSAGES, API_RESPONSES, inspect_request, read_body, reader_for  # noqa: E402
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["choices", "delta", "content", "text", "tool_calls", "function", "arguments", "usage",
+                         "prompt_tokens", "completion_tokens", "input_tokens", "output_tokens", "prompt_tokens_details",
+                         "cached_tokens", "type", "response", "message", "error", "id", "model", "finish_reason",
+                         "stop_reason", "status", "incomplete_details", "reason", "cache_read_input_tokens",
+                         "thinking", "partial_json", "reasoning_content", "refusal", "output_tokens_details"]),
+        inner, max_size=5),
+    max_leaves=25,
+)  # fmt: skip
+_KEYS = st.sampled_from(
+    ["choices", "delta", "content", "text", "tool_calls", "function", "usage", "type", "response", "message",
+     "error", "id", "model", "finish_reason", "stop_reason", "status", "incomplete_details"]
+)  # fmt: skip
+# Top-level objects whose known keys hold anything at all, two levels deep.
+_objects = st.dictionaries(_KEYS, st.one_of(_json, st.dictionaries(_KEYS, _json, max_size=4)), max_size=5)
+_kinds = st.sampled_from(
+    ["message", "message_start", "message_delta", "content_block_delta", "error", "ping", "response.created",
+     "response.completed", "response.failed", "response.output_text.delta", "response.incomplete"]
+)  # fmt: skip
+_APIS = [API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES]
+
+
+@settings(max_examples=600, deadline=None)
+@given(api=st.sampled_from(_APIS), events=st.lists(st.tuples(_kinds, st.one_of(_json, _objects)), max_size=6))
+def test_dialect_readers_never_raise_on_any_json(api: str, events: list) -> None:
+    import orjson
+
+    reader = reader_for(api, capture_content=True)
+    for kind, obj in events:
+        try:
+            data = orjson.dumps(obj)
+        except TypeError:  # ints beyond 64 bits: orjson will not write them; json will
+            import json
+
+            data = json.dumps(obj).encode()
+        reader.feed(SSEEvent(kind, data))
+        read_body(api, data, capture_content=True)
+        inspect_request(api, data, capture_content=True)
+    assert reader.usage is None or all(v is None or (isinstance(v, int) and v >= 0) for v in vars_of(reader.usage))
+
+
+def vars_of(usage) -> list:
+    return [usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens]
