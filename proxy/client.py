@@ -165,18 +165,6 @@ class Measurement:
         }
 
 
-def _stream_error(data: bytes) -> str:
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return "error event"
-    if isinstance(obj, dict):
-        err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-    return "error event"
-
-
 async def measure(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -230,7 +218,7 @@ async def measure(
                         if event.event in _ENDS.get(call.api, ()):
                             ended = True
                         if reader.error_type and error is None:
-                            error = f"error in stream: {_stream_error(event.data)}"
+                            error = f"error in stream: {error_message(event.data)}"
     except aiohttp.ClientPayloadError:
         error = "stream cut: the connection closed mid-body"
     except aiohttp.ClientConnectorError as exc:

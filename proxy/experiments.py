@@ -20,6 +20,7 @@ from typing import Any
 
 from proxy.client import Measurement
 from proxy.sim.tokens import EstimateTokenizer
+from proxy.table import align, cell
 from proxy.timing import RequestRecord
 
 __all__ = ["EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "summaries", "to_json"]
@@ -178,11 +179,7 @@ def summaries(results: Sequence[RunResult]) -> list[str]:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f}"
-
-
-def _n(value: float | int | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    return cell(value, 1, 1000)
 
 
 def format_report(results: Sequence[RunResult]) -> str:
@@ -196,19 +193,11 @@ def format_report(results: Sequence[RunResult]) -> str:
         c, t = r.client, (r.record.timing if r.record else None)
         rows.append(
             (
-                r.run.experiment, r.run.label, _n(c.input_tokens), _n(c.cached_tokens), _ms(c.ttft_s), _ms(c.total_s),
-                str(c.output_tokens), _ms(c.tpot_s), _n(c.tokens_per_s, 1), _ms(t.ttft if t else None),
-                _ms(t.network if t else None), _ms(t.prefill_wait if t else None), _ms(t.decode if t else None),
-                _n(r.kv_bytes / 2**20 if r.kv_bytes else None, 1),
+                r.run.experiment, r.run.label, cell(c.input_tokens), cell(c.cached_tokens), _ms(c.ttft_s),
+                _ms(c.total_s), str(c.output_tokens), _ms(c.tpot_s), cell(c.tokens_per_s, 1),
+                _ms(t.ttft if t else None), _ms(t.network if t else None), _ms(t.prefill_wait if t else None),
+                _ms(t.decode if t else None), cell(r.kv_bytes / 2**20 if r.kv_bytes else None, 1),
             )
         )  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = [
-        "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(
-        lines
-        + ["", "times in ms; client columns first, then the proxy's split of the same request", *summaries(results)]
-    )
+    note = "times in ms; client columns first, then the proxy's split of the same request"
+    return "\n".join([*align(rows, left=2, rule=True), "", note, *summaries(results)])

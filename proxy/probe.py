@@ -20,6 +20,7 @@ from pydantic import Field
 
 from proxy.client import Call, Measurement, api_name, measure
 from proxy.clientconfig import ClientSettings, Target, load_target
+from proxy.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
 
@@ -60,28 +61,17 @@ async def probe(settings: ProbeSettings, target: Target) -> list[Measurement]:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.1f} ms"
-
-
-def _count(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    return cell(value, 1, 1000, " ms")
 
 
 def format_table(results: Sequence[Measurement]) -> str:
     rows = [("run", "TTFT", "total", "out tok", "TPOT", "tok/s", "in tok", "cached", "usage")]
     for i, m in enumerate(results, 1):
         rows.append(
-            (str(i), _ms(m.ttft_s), _ms(m.total_s), str(m.output_tokens), _ms(m.tpot_s), _rate(m.tokens_per_s),
-             _count(m.input_tokens), _count(m.cached_tokens), m.usage_source)
+            (str(i), _ms(m.ttft_s), _ms(m.total_s), str(m.output_tokens), _ms(m.tpot_s), cell(m.tokens_per_s, 1),
+             cell(m.input_tokens), cell(m.cached_tokens), m.usage_source)
         )  # fmt: skip
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths))) for row in rows
-    )
+    return "\n".join(align(rows))
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -116,7 +106,7 @@ def report(settings: ProbeSettings, target: Target, results: Sequence[Measuremen
         if len(good) > 1:
             med = summary(good, True)
             out.write(
-                f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {_rate(med['tokens_per_s'])} tok/s\n"
+                f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {cell(med['tokens_per_s'], 1)} tok/s\n"
             )
         if failed is not None:
             out.write(f"error: {failed.error}\n")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_CATALOGUE", "ModelSpec", "catalogue_from", "merge_catalogue"]
+__all__ = ["DEFAULT_CATALOGUE", "ModelSpec", "catalogue_from"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +114,3 @@ def catalogue_from(data: Mapping[str, Any], base: Iterable[ModelSpec] = DEFAULT_
         else:
             known[name] = ModelSpec(**entry)
     return tuple(known.values())
-
-
-def merge_catalogue(specs: Iterable[ModelSpec]) -> dict[str, ModelSpec]:
-    """Name -> spec."""
-    return {spec.name: spec for spec in specs}
