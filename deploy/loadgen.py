@@ -2,7 +2,7 @@
 
 Sends a steady mix of requests through the proxy so the dashboards fill up with no API key:
 all four dialects (chat completions, legacy completions, responses, Anthropic messages),
-mostly streamed, across the simulator's models, with a shared long system prompt (so the
+mostly streamed, across the simulator's models, with a shared long preamble (so the
 upstream's prefix cache produces cached input tokens), plus a small share of failures that
 `taotrace sim` injects on request (`x-sim-fail`: 429, 500, 503, midstream error, cut) and of
 unknown models (404). The first round sends one of every kind, so every panel has data at once.
@@ -11,7 +11,7 @@ unknown models (404). The first round sends one of every kind, so every panel ha
 
 `--duration 0` runs until stopped (SIGTERM / Ctrl-C); `--requests N` stops after N requests.
 Every flag also reads from the environment as LOADGEN_<FLAG> (e.g. LOADGEN_BASE_URL).
-Needs only aiohttp (the taotrace image has it).
+Needs the taotrace package (its request builder) and aiohttp: the taotrace image has both.
 """
 
 from __future__ import annotations
@@ -29,13 +29,17 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from proxy.client import Call, auth_headers, request_for
+
 APIS = ("chat_completions", "completions", "responses", "messages")
 MODELS = ("gpt-4o-mini", "gpt-4o", "o3-mini")
 FAILURES = ("429", "500", "503", "midstream", "cut")
 UNKNOWN_MODEL = "no-such-model"
+MAX_TOKENS = 48
 
-# Long enough to fill several KV-cache blocks: repeated requests hit the prefix cache.
-SYSTEM = (
+# Long enough to fill several KV-cache blocks: every prompt starts with it, so repeated
+# requests hit the upstream's prefix cache.
+PREAMBLE = (
     "You are a concise assistant for an operations team. Answer in plain sentences, cite the "
     "metric names you rely on, and never invent numbers. " * 12
 ).strip()
@@ -59,39 +63,14 @@ class Shot:
 
 
 def body_for(shot: Shot, question: str) -> tuple[str, dict[str, object]]:
-    """The path (under /v1) and JSON body of a request in the shot's dialect."""
-    if shot.api == "chat_completions":
-        body: dict[str, object] = {
-            "model": shot.model,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-            "max_tokens": 48,
-            "stream": shot.stream,
-        }
-        if shot.stream:
-            body["stream_options"] = {"include_usage": True}
-        return "/chat/completions", body
-    if shot.api == "completions":
-        return "/completions", {
-            "model": shot.model,
-            "prompt": f"{SYSTEM}\n\nQ: {question}\nA:",
-            "max_tokens": 48,
-            "stream": shot.stream,
-        }
-    if shot.api == "responses":
-        return "/responses", {
-            "model": shot.model,
-            "instructions": SYSTEM,
-            "input": question,
-            "max_output_tokens": 48,
-            "stream": shot.stream,
-        }
-    return "/messages", {
-        "model": shot.model,
-        "system": SYSTEM,
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 48,
-        "stream": shot.stream,
-    }
+    """The path (under /v1) and JSON body of a request in the shot's dialect: the proxy's own
+    client builds it (so the four dialects look as `taotrace probe` sends them); the shared
+    preamble leads the prompt, where the upstream's prefix cache can serve it."""
+    path, body = request_for(Call(shot.api, shot.model, f"{PREAMBLE}\n\n{question}", MAX_TOKENS))
+    if not shot.stream:
+        body["stream"] = False
+        body.pop("stream_options", None)
+    return path, body
 
 
 def first_round() -> list[Shot]:
@@ -117,7 +96,7 @@ def random_shot(rng: random.Random, error_share: float) -> Shot:
 async def send(session: aiohttp.ClientSession, base_url: str, shot: Shot, question: str, api_key: str) -> str:
     """Send one request and read the whole answer; returns an outcome word for the summary."""
     path, body = body_for(shot, question)
-    headers = {"authorization": f"Bearer {api_key}", "x-api-key": api_key, "anthropic-version": "2023-06-01"}
+    headers = auth_headers(shot.api, api_key)
     if shot.failure:
         headers["x-sim-fail"] = shot.failure
     try:

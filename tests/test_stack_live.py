@@ -150,6 +150,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sim_port, proxy_port, metrics_port, prom_port = (free_port() for _ in range(4))
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     env["OTEL_TRACES_EXPORTER"] = "none"  # spans are not what this test is about
+    # deploy/loadgen.py imports the proxy's request builder: this checkout's, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         sim = spawn(
@@ -219,6 +221,21 @@ def test_prometheus_scrapes_the_proxy(stack: Stack) -> None:
     assert stack.query('up{job="taotrace"} == 1')
     apis = set(stack.api("label/api/values", **{"match[]": "taotrace_requests_total"}))
     assert APIS <= apis
+
+
+def test_traffic_exercises_every_signal(stack: Stack) -> None:
+    # The load generator (the compose demo's) fills every panel with something real: streams in
+    # each dialect, cached and reasoning tokens, and each kind of failure the simulator injects.
+    streamed = stack.query("sum by (api) (taotrace_time_to_first_token_seconds_count) > 0")
+    assert {s["metric"]["api"] for s in streamed} == APIS
+    errors = stack.query('sum by (error_type) (taotrace_requests_total{error_type!=""})')
+    assert {s["metric"]["error_type"] for s in errors} >= {
+        "rate_limited", "upstream_error", "stream_cut", "stream_error", "model_not_found"
+    }  # fmt: skip
+    for kind in ("cached_input", "reasoning"):
+        assert stack.query(f'sum(taotrace_tokens_total{{type="{kind}"}}) > 0'), f"no {kind} tokens"
+    phases = stack.query("sum by (phase) (taotrace_phase_duration_seconds_count) > 0")
+    assert {s["metric"]["phase"] for s in phases} == {"network", "prefill_wait", "decode"}
 
 
 def test_every_panel_returns_data(stack: Stack) -> None:
