@@ -353,6 +353,11 @@ async def test_marker_in_prompt_triggers_too_and_cut_truncates_the_body(
     assert events[-1].data.startswith(b'{"error":')
     with pytest.raises(aiohttp.ClientPayloadError):
         await _events(session, sim.base_url + "/chat/completions", CHAT, {"x-sim-fail": "cut"})
+    whole = {**CHAT, "stream": False}
+    with pytest.raises(aiohttp.ServerDisconnectedError):  # not streaming: dropped before any response
+        await session.post(sim.base_url + "/chat/completions", json=whole, headers={"x-sim-fail": "cut"})
+    async with session.post(sim.base_url + "/chat/completions", json=whole, headers={"x-sim-fail": "midstream"}) as r:
+        assert r.status == 500
 
 
 @pytest.mark.parametrize(("case", "status"), [("429", 429), ("500", 500), ("503", 503)])

@@ -248,7 +248,7 @@ async def _generate(sim: Simulator, request: web.Request, api: str) -> web.Strea
     try:
         if req.stream:
             return await _stream(request, sim, req, writer, handle, output, len(prompt))
-        return await _whole(req, writer, handle, output, len(prompt))
+        return await _whole(request, req, writer, handle, output, len(prompt))
     finally:
         handle.cancel()  # a no-op once finished; frees the slot and blocks if the client left
 
@@ -314,7 +314,9 @@ def _cut(request: web.Request) -> None:
         request.transport.abort()
 
 
-async def _whole(req: SimRequest, writer: Writer, handle: Handle, output: Output, prompt_tokens: int) -> web.Response:
+async def _whole(
+    request: web.Request, req: SimRequest, writer: Writer, handle: Handle, output: Output, prompt_tokens: int
+) -> web.StreamResponse:
     if await handle.next() != ADMITTED:  # pragma: no cover
         raise RuntimeError("engine protocol")
     fail_at = _fail_at(req, output)
@@ -322,6 +324,9 @@ async def _whole(req: SimRequest, writer: Writer, handle: Handle, output: Output
     async for done in _tokens(handle, output.total):
         if fail_at is not None and done >= fail_at:
             handle.cancel()
+            if req.failure == "cut":
+                _cut(request)
+                return web.StreamResponse()
             raise injected("500")
     return _json(writer.body(_usage(prompt_tokens, handle, output, done)), headers={"x-request-id": writer.meta.id})
 
