@@ -217,7 +217,9 @@ class ChatReader(StreamReader):
         if "error" in obj and obj["error"]:
             self.error_type = "stream_error"
             return False
-        self._meta(obj)
+        # This runs once per chunk: the calls below are skipped when they could change nothing.
+        if self.response_id is None or self.response_model is None:
+            self._meta(obj)
         usage = obj.get("usage")
         if usage:
             self.usage = _openai_usage(usage) or self.usage
@@ -225,7 +227,9 @@ class ChatReader(StreamReader):
         for choice in _items(obj.get("choices")):
             if not isinstance(choice, dict):
                 continue
-            self._finish(choice.get("finish_reason"))
+            reason = choice.get("finish_reason")
+            if reason:
+                self._finish(reason)
             if self._choice_has_token(choice):
                 token = True
         return token
@@ -234,13 +238,14 @@ class ChatReader(StreamReader):
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             return False
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self._keep(content)
+            return True  # the common chunk: the other fields cannot change the answer or the capture
         found = False
-        for key in ("content", "reasoning_content", "reasoning", "refusal"):
-            value = delta.get(key)
-            if _nonempty(value):
+        for key in ("reasoning_content", "reasoning", "refusal"):
+            if _nonempty(delta.get(key)):
                 found = True
-                if key == "content":
-                    self._keep(value)
         for call in _items(delta.get("tool_calls")):
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict) and _nonempty(fn.get("arguments")):
