@@ -261,9 +261,10 @@ class Forwarder:
         """Forward the body chunk by chunk; returns the error type of a failed body ("" if none)."""
         clock = self.clock
         write = response.write
+        readany = upstream.content.readany  # iter_any() minus an iterator frame per chunk
         cap = MAX_BODY_COPY if upstream.status < 400 else MAX_ERROR_COPY
         try:
-            async for chunk in upstream.content.iter_any():
+            while chunk := await readany():
                 t = clock()
                 await write(chunk)
                 if phase.t_first_byte is None:
