@@ -21,7 +21,7 @@ import aiohttp
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from proxy.client import Call, api_name, measure
+from proxy.client import Call, api_name, auth_headers, measure
 from proxy.experiments import Run, RunResult, format_report, plan, to_json
 from proxy.serve import running as proxy_running
 from proxy.settings import DEFAULT_UPSTREAM, Settings
@@ -69,28 +69,24 @@ class Records:
     """The proxy's records, matched to the client's runs by trace id (the demo sends a traceparent)."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, RequestRecord] = {}
-        self._waiters: dict[str, asyncio.Future[RequestRecord]] = {}
+        self._expected: dict[str, asyncio.Future[RequestRecord]] = {}
+
+    def expect(self, trace_id: str) -> asyncio.Future[RequestRecord]:
+        """Call before sending: the record may land before the client has read the last byte."""
+        future: asyncio.Future[RequestRecord] = asyncio.get_running_loop().create_future()
+        self._expected[trace_id] = future
+        return future
 
     def add(self, record: RequestRecord) -> None:
-        if record.trace_id is None:
-            return
-        waiter = self._waiters.pop(record.trace_id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(record)
-        else:
-            self._seen[record.trace_id] = record
+        future = self._expected.pop(record.trace_id or "", None)
+        if future is not None and not future.done():
+            future.set_result(record)
 
-    async def get(self, trace_id: str, timeout: float = RECORD_WAIT_S) -> RequestRecord | None:
-        if trace_id in self._seen:
-            return self._seen.pop(trace_id)
-        waiter = self._waiters.setdefault(trace_id, asyncio.get_running_loop().create_future())
+    async def wait(self, future: asyncio.Future[RequestRecord], timeout: float = RECORD_WAIT_S) -> RequestRecord | None:
         try:
-            return await asyncio.wait_for(waiter, timeout)
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             return None
-        finally:
-            self._waiters.pop(trace_id, None)
 
 
 def _no_kv(response_id: str | None) -> None:
@@ -109,9 +105,18 @@ async def _one(
     trace_id = secrets.token_hex(16)
     headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
     call = Call(api_name(settings.api), run.model, run.prompt, settings.max_tokens)
+    expected = records.expect(trace_id)
     measured = await measure(session, base_url, call, api_key=api_key, headers=headers)
-    record = await records.get(trace_id)
+    record = await records.wait(expected)
     return RunResult(run, measured, record, kv_bytes(measured.response_id))
+
+
+async def _warm_up(session: aiohttp.ClientSession, base_url: str, headers: dict[str, str]) -> None:
+    """Open the pooled connection first: otherwise the first run's client TTFT alone includes the
+    TCP handshake to the proxy, which the proxy's clock (started at the request head) never sees."""
+    with suppress(aiohttp.ClientError, TimeoutError):
+        async with session.get(base_url + "/models", headers=headers) as response:
+            await response.read()
 
 
 async def experiments(
@@ -137,6 +142,7 @@ async def experiments(
     ]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        await _warm_up(session, base_url, auth_headers(api_name(settings.api), api_key))
         for run in runs:
             progress(f"{run.experiment} {run.label}")
             result = await _one(session, base_url, run, settings, records, api_key, kv_bytes)

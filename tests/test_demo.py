@@ -73,11 +73,12 @@ def test_model_size_raises_ttft_and_tpot(demo_json: dict[str, Any]) -> None:
 
 
 def test_client_and_proxy_agree_and_the_split_adds_up(demo_json: dict[str, Any]) -> None:
-    for experiment in demo_json["experiments"]:
-        for run in experiment["runs"]:
-            assert abs(run["ttft_s"] - run["proxy_ttft_s"]) < 0.005  # "within a few ms"
-            assert run["network_s"] + run["prefill_wait_s"] == pytest.approx(run["proxy_ttft_s"], abs=1e-6)
-            assert run["decode_s"] < run["total_s"]
+    runs = [run for experiment in demo_json["experiments"] for run in experiment["runs"]]
+    gaps = sorted(abs(run["ttft_s"] - run["proxy_ttft_s"]) for run in runs)
+    assert gaps[len(gaps) // 2] < 0.002 and gaps[-1] < 0.005  # "within a few ms" (typically < 1 ms)
+    for run in runs:
+        assert run["network_s"] + run["prefill_wait_s"] == pytest.approx(run["proxy_ttft_s"], abs=1e-6)
+        assert run["decode_s"] < run["total_s"]
 
 
 async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
