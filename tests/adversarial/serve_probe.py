@@ -1,0 +1,68 @@
+"""`python -m tests.adversarial.serve_probe [serve flags]`: `taotrace serve`, plus probes.
+
+The same start as `taotrace serve` (settings from flags and environment, logging, uvloop), with
+a task that measures event-loop lag (how late a 5 ms sleep wakes up) and the process's RSS, and
+writes them as JSON to the file named by `$PROBE_REPORT` when the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+from proxy.cli import build_parser
+from proxy.serve import Settings, configure_logging, serve
+
+TICK = 0.005
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def _sample(lags: list[tuple[float, float]], rss: list[tuple[float, int]]) -> None:
+    loop = asyncio.get_running_loop()
+    next_rss = 0.0
+    while True:
+        t = loop.time()
+        await asyncio.sleep(TICK)
+        now = time.time()
+        lags.append((now, loop.time() - t - TICK))
+        if now >= next_rss:
+            rss.append((now, _rss()))
+            next_rss = now + 0.25
+
+
+async def _main(settings: Settings, lags: list[tuple[float, float]], rss: list[tuple[float, int]]) -> None:
+    sampler = asyncio.create_task(_sample(lags, rss))
+    try:
+        await serve(settings)
+    finally:
+        sampler.cancel()
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser("serve").parse_args(["serve", *argv])
+    given = {k: v for k, v in vars(args).items() if v is not None and not k.startswith("_") and k != "command"}
+    settings = Settings(**given)
+    configure_logging(settings.log_level)
+    lags: list[tuple[float, float]] = []
+    rss: list[tuple[float, int]] = []
+    try:
+        import uvloop
+
+        uvloop.run(_main(settings, lags, rss))
+    finally:
+        report = os.environ.get("PROBE_REPORT")
+        if report:
+            with open(report, "w") as f:
+                json.dump({"lags": lags, "rss": rss, "exited": time.time()}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
