@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -28,9 +29,11 @@ __all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_sessio
 
 @dataclass
 class ServerState:
-    """Shared by both apps: whether a drain has begun (then /readyz says 503)."""
+    """Shared by both apps: whether a drain has begun (then /readyz says 503), and the proxy
+    handler tasks in flight (the drain waits for them, then cancels those left at its deadline)."""
 
     draining: bool = False
+    in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -102,7 +105,19 @@ def create_proxy_app(
         is_draining=lambda: state.draining,
     )
     app.cleanup_ctx.append(session_ctx)
-    app.router.add_route("*", "/{tail:.*}", forwarder.handle)
+    forward = forwarder.handle
+    in_flight = state.in_flight
+
+    async def tracked(request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        in_flight.add(task)
+        try:
+            return await forward(request)
+        finally:
+            in_flight.discard(task)
+
+    app.router.add_route("*", "/{tail:.*}", tracked)
     return app
 
 

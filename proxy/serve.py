@@ -48,6 +48,21 @@ def _bound_url(runner: web.AppRunner) -> str:
     return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
 
 
+async def _drain(runner: web.AppRunner, state: ServerState, deadline: float) -> None:
+    """Refuse new connections at once, let requests in flight run until the deadline, then cancel
+    the rest (their clients see the connection cut, never a clean end). aiohttp's own shutdown
+    is not enough: it waits `shutdown_timeout`, then cancels only the request's body reader and
+    waits `shutdown_timeout` again, so a stream could run for twice the deadline."""
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections: closed, so they bring no new requests
+    if state.in_flight:
+        await asyncio.wait(set(state.in_flight), timeout=deadline)
+    for task in list(state.in_flight):
+        task.cancel()
+
+
 @asynccontextmanager
 async def running(
     settings: Settings,
@@ -88,6 +103,7 @@ async def running(
         yield Running(_bound_url(proxy_runner), _bound_url(metrics_runner), registry, state)
     finally:
         state.draining = True
+        await _drain(proxy_runner, state, settings.drain_seconds)
         await proxy_runner.cleanup()
         await metrics_runner.cleanup()
         if own_provider:
