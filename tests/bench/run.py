@@ -216,7 +216,12 @@ class Bench:
         self.arms["nginx"] = Arm("nginx", port, proc)
 
     def _export_baseline(self, ref: str) -> Path:
-        """`proxy/` as of a git ref, unpacked beside the results (the repository is not touched)."""
+        """`proxy/` as of a git ref, unpacked beside the results (the repository is not touched).
+
+        A directory that holds a `proxy/` package is used as it is (an uncommitted experiment).
+        """
+        if (Path(ref) / "proxy" / "__init__.py").exists():
+            return Path(ref).resolve()
         dest = self.out / f"baseline-{ref.replace('/', '_')}"
         dest.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", ref, "proxy"], cwd=ROOT, capture_output=True, check=True).stdout
@@ -241,6 +246,8 @@ class Bench:
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
                 OTEL_SERVICE_NAME="taotrace-bench",
             )
+        if name == "taotrace-baseline":
+            penv.update(kv.split("=", 1) for kv in self.args.baseline_env)  # type: ignore[misc]
         proc = Proc(name, [PY, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port),
                            "--metrics-port", str(mport)],
                     self.out / f"{name}.log", cpus=PROXY_CPU, env=penv, cwd=str(src))
@@ -711,8 +718,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold", type=int, help="idle streams held open for the memory test")
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream time to first token")
     ap.add_argument("--interval-ms", type=float, default=5.0, help="upstream inter-token interval")
-    ap.add_argument("--baseline", metavar="GIT_REF",
-                    help="add an arm running proxy/ as of GIT_REF (telemetry on): A/B an optimisation in one run")
+    ap.add_argument("--baseline", metavar="GIT_REF|DIR",
+                    help="add an arm running proxy/ as of GIT_REF, or from DIR/proxy (telemetry on): "
+                         "A/B an optimisation in one run")
+    ap.add_argument("--baseline-env", action="append", default=[], metavar="K=V",
+                    help="extra environment for the baseline arm (e.g. OTEL_TRACES_SAMPLER=always_off)")
     ap.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
                     help="niceness of every bench process (default -10 as root: other work on the machine "
                          "then delays our wake-ups less)")
