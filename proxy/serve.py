@@ -31,6 +31,7 @@ __all__ = ["Running", "Settings", "run", "running"]
 
 log = logging.getLogger("taotrace")
 TRACE_SHUTDOWN_SECONDS = 3.0
+LOOP_SWITCH_INTERVAL = 0.001  # seconds; see serve()
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,10 @@ async def running(
 
 async def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT."""
+    # The span exporter's thread and the /metrics render thread keep the GIL for up to the switch
+    # interval (5 ms by default) before the event loop gets it back, and every stream waits with
+    # it. At 1 ms, loop lag p99 under 100 streams/s with a healthy collector fell from 5-7 ms to 2-3.
+    sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

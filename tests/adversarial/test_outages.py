@@ -1,0 +1,151 @@
+"""Telemetry outages under load: the OTLP collector refuses, black-holes, answers 503 or answers
+after 5 s while `taotrace serve` carries 100 streaming requests/s. Requests must not notice.
+
+Each run is compared with a healthy-collector run of the same shape. `make test` runs 6 s per
+collector mode; `pytest --soak` runs the issue's 60 s per mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from tests.adversarial.proc import OtlpSink, ProxyProcess
+from tests.adversarial.util import BODY, CHAT, Upstream
+from tests.fakes import chat_stream, stream_handler
+
+RATE = 100  # streaming requests per second
+DRAIN = 2.0
+FRAMES = chat_stream(10)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+@dataclass
+class Run:
+    mode: str
+    sent: int
+    failed: int
+    ttft_p50: float
+    ttft_p99: float
+    lag_p99: float
+    lag_max: float
+    rss_start: int
+    rss_peak: int
+    scrape_max: float
+    exit_after: float
+    spans_received: int
+
+    def line(self) -> str:
+        return (
+            f"{self.mode:>9}: {self.sent} req, {self.failed} failed; client TTFT p50 {self.ttft_p50 * 1e3:.1f} ms "
+            f"p99 {self.ttft_p99 * 1e3:.1f} ms; loop lag p99 {self.lag_p99 * 1e3:.2f} ms (max {self.lag_max * 1e3:.1f}); "
+            f"RSS {self.rss_start / 2**20:.0f}->{self.rss_peak / 2**20:.0f} MiB; scrape max {self.scrape_max * 1e3:.0f} ms; "
+            f"exit {self.exit_after:.2f} s after SIGTERM; spans at sink {self.spans_received}"
+        )
+
+
+async def _load(url: str, metrics_url: str, seconds: float) -> tuple[int, int, list[float], list[float]]:
+    """Open loop: RATE streams/s for `seconds`, plus a /metrics scrape every second."""
+    ttfts: list[float] = []
+    scrapes: list[float] = []
+    failed = 0
+    expected = b"".join(FRAMES)
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        nonlocal failed
+        t = time.perf_counter()
+        try:
+            async with session.post(url + CHAT, data=BODY) as resp:
+                first = await resp.content.readany()
+                ttfts.append(time.perf_counter() - t)
+                rest = await resp.read()
+                if resp.status != 200 or first + rest != expected:
+                    failed += 1
+        except aiohttp.ClientError:
+            failed += 1
+
+    async def scrape(session: aiohttp.ClientSession) -> None:
+        while True:
+            t = time.perf_counter()
+            async with session.get(metrics_url + "/metrics") as resp:
+                await resp.read()
+            scrapes.append(time.perf_counter() - t)
+            await asyncio.sleep(1.0)
+
+    n = int(RATE * seconds)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        scraper = asyncio.create_task(scrape(session))
+        start = time.perf_counter()
+        tasks = []
+        for i in range(n):
+            delay = start + i / RATE - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(session)))
+        await asyncio.gather(*tasks)
+        scraper.cancel()
+    return n, failed, ttfts, scrapes
+
+
+async def outage_run(mode: str, seconds: float) -> Run:
+    sink = await OtlpSink(mode).start()
+    try:
+        async with Upstream(stream_handler(FRAMES, first_delay=0.02, gap=0.01)) as up:
+            proc = ProxyProcess("--upstream", up.url, "--drain-seconds", str(DRAIN), env=sink.env())
+            try:
+                await proc.started()
+                await asyncio.sleep(0.5)
+                t_start = time.time()
+                sent, failed, ttfts, scrapes = await _load(proc.url, proc.metrics_url, seconds)
+                t_end = time.time()
+                term = proc.terminate()
+                exited = await proc.exited(DRAIN + 15)
+                report = proc.report()
+            finally:
+                proc.close()
+    finally:
+        await sink.close()
+    lags = [lag for t, lag in report["lags"] if t_start <= t <= t_end]
+    rss = [r for t, r in report["rss"] if t_start <= t <= t_end]
+    return Run(
+        mode, sent, failed, pct(ttfts, 0.5), pct(ttfts, 0.99), pct(lags, 0.99), max(lags),
+        rss[min(4, len(rss) - 1)], max(rss), max(scrapes), exited - term, len(sink.spans()) if mode == "ok" else 0,
+    )  # fmt: skip
+
+
+async def _compare(seconds: float) -> None:
+    healthy = await outage_run("ok", seconds)
+    print("\n" + healthy.line())
+    assert healthy.failed == 0
+    assert healthy.spans_received > 0
+    runs = [healthy]
+    for mode in ("refused", "blackhole", "503", "slow"):
+        run = await outage_run(mode, seconds)
+        print(run.line())
+        runs.append(run)
+    for run in runs:
+        assert run.failed == 0, run.line()
+        assert run.ttft_p99 - healthy.ttft_p99 < 0.005, run.line()
+        assert run.lag_p99 < 0.005, run.line()
+        assert run.rss_peak - run.rss_start < 64 * 2**20, run.line()  # bounded: the span queue drops, never grows
+        assert run.exit_after < DRAIN + 3.0, run.line()
+        assert run.scrape_max < 0.25, run.line()
+
+
+@pytest.mark.timeout(300)
+async def test_collector_outages_do_not_touch_requests() -> None:
+    await _compare(6.0)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+async def test_collector_outages_soak_60s() -> None:
+    await _compare(60.0)
