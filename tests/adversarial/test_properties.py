@@ -206,3 +206,36 @@ def test_dialect_readers_never_raise_on_any_json(api: str, events: list) -> None
 
 def vars_of(usage) -> list:
     return [usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens]
+
+
+# --- headers, end to end --------------------------------------------------------------------
+
+from tests.adversarial.util import raw_request  # noqa: E402
+
+_wire_names = st.one_of(
+    st.sampled_from(sorted(HOP_BY_HOP) + ["Connection", "Host", "Content-Length", "Expect", "X-Forwarded-For"]),
+    st.text(_TOKEN, min_size=1, max_size=12),
+)
+_wire_values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30).map(str.strip)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(headers=st.lists(st.tuples(_wire_names, _wire_values), max_size=12))
+async def test_any_header_set_through_the_proxy(proxy, upstream, headers: list[tuple[str, str]]) -> None:
+    """Whatever headers a client sends: never a 500, never a hop-by-hop header upstream."""
+    framing = {"content-length", "transfer-encoding", "host", "expect"}
+    lines = [f"{k}: {v}" for k, v in headers if k.lower() not in framing]
+    data = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n" + "".join(
+        line + "\r\n" for line in lines) + "Connection: close\r\n\r\n{}").encode()  # fmt: skip
+    before = len(upstream.seen)
+    out = await raw_request(proxy.url, data, timeout=3)
+    assert out.startswith(b"HTTP/1.")
+    status = int(out.split(b" ", 2)[1])
+    assert status != 500 and status < 600
+    if len(upstream.seen) > before:
+        seen = upstream.seen[-1].headers
+        named = {t.strip().lower() for k, v in headers if k.lower() == "connection" for t in v.split(",")}
+        # aiohttp sets Host and Content-Length itself; the proxy adds X-Forwarded-For and traceparent.
+        forbidden = (HOP_BY_HOP | named) - {"content-length", "host", "x-forwarded-for", "traceparent"}
+        assert not [key for key in seen if key.lower() in forbidden]
+        assert seen.get("Host") == upstream.url.removeprefix("http://")
