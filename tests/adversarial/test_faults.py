@@ -314,3 +314,38 @@ async def test_client_disconnects_reach_the_upstream_and_leak_nothing(
     assert tasks1 <= tasks0, (tasks0, tasks1)
     assert {r.error_type for r in p.records[1:]} == {"client_abort"}
     print(f"\n{when}: {reps} disconnects, upstream noticed within max {max(lags) * 1000:.1f} ms")
+
+
+async def test_a_client_that_stops_reading_holds_back_the_upstream(start_proxy) -> None:
+    """Backpressure: a client that reads nothing must stop the upstream, not fill the proxy's memory."""
+    import socket
+
+    written = 0
+    chunk = b"data: " + b"x" * 65_000 + b"\n\n"
+
+    async def firehose(request: web.Request) -> web.StreamResponse:
+        nonlocal written
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(1000):  # 65 MB if nobody pushed back
+            await resp.write(chunk)
+            written += len(chunk)
+        return resp
+
+    async with start_proxy() as p:
+        p.serve(firehose)
+        host, port = p.url.removeprefix("http://").rsplit(":", 1)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        await asyncio.sleep(2.0)  # the client reads nothing at all
+        held = written
+        await asyncio.sleep(0.5)
+        stalled = written - held
+        sock.close()
+        await _settle(p)
+    print(f"\nclient not reading: upstream held at {held / 2**20:.1f} MiB written")
+    assert held < 8 << 20, held  # socket buffers on both hops, not the whole 65 MB
+    assert stalled == 0
+    assert p.records[0].error_type == "client_abort"
