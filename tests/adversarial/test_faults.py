@@ -346,6 +346,6 @@ async def test_a_client_that_stops_reading_holds_back_the_upstream(start_proxy) 
         sock.close()
         await _settle(p)
     print(f"\nclient not reading: upstream held at {held / 2**20:.1f} MiB written")
-    assert held < 8 << 20, held  # socket buffers on both hops, not the whole 65 MB
+    assert held < 20 << 20, held  # kernel socket buffers on both hops (autotuned), not the whole 65 MB
     assert stalled == 0
     assert p.records[0].error_type == "client_abort"
