@@ -124,10 +124,22 @@ def create_proxy_app(
 def create_metrics_app(registry: CollectorRegistry, state: ServerState) -> web.Application:
     """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`."""
 
+    rendering: dict[str, asyncio.Future[bytes]] = {}  # content type -> the render in progress
+
+    def _done(content_type: str, fut: asyncio.Future[bytes]) -> None:
+        if rendering.get(content_type) is fut:
+            del rendering[content_type]
+
     async def metrics_handler(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         # Rendering runs in a thread so a scrape never holds the event loop for its whole length.
-        body = await asyncio.to_thread(encoder, registry)
+        # It costs CPU the proxy shares (~0.3-0.9 s at 100 models), so scrapes that arrive while
+        # one renders share its result: ten scrapers cost one render, not ten in parallel.
+        pending = rendering.get(content_type)
+        if pending is None:
+            pending = rendering[content_type] = asyncio.ensure_future(asyncio.to_thread(encoder, registry))
+            pending.add_done_callback(lambda fut: _done(content_type, fut))
+        body = await asyncio.shield(pending)  # one scraper giving up must not cancel the others' render
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def healthz(_request: web.Request) -> web.Response:
