@@ -94,6 +94,9 @@ async def running(
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)
         shutdown_timeout=settings.drain_seconds,
+        # aiohttp's default (3630 s) let a client hold a connection for an hour by sending half a
+        # request head (slowloris); this bounds idle and unfinished connections alike.
+        keepalive_timeout=settings.client_keepalive,
     )
     metrics_runner = GuardedAppRunner(create_metrics_app(registry, state), access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     upstream_keepalive: float = Field(
         4.0, gt=0, description="seconds an idle upstream connection is kept (below the upstream's own)"
     )
+    client_keepalive: float = Field(
+        75.0,
+        gt=0,
+        description="seconds a client connection may sit idle, or take to send a request head, before it is closed",
+    )
     max_connections: int = Field(0, ge=0, description="upstream connection cap (0 = unlimited)")
     model_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="model label values kept as-is (comma separated); others become 'other'"

@@ -101,3 +101,32 @@ async def test_oversize_body_is_413_with_a_clear_message(
     assert "exceeds the proxy's limit of 100000 bytes" in text
     assert upstream.seen == []
     assert p.records[0].error_type == "request_too_large"
+
+
+@pytest.mark.parametrize("head", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"], ids=["silent", "half-head"])
+async def test_slow_or_silent_clients_are_dropped(start_proxy, upstream: FakeUpstream, head: bytes) -> None:
+    """Slowloris: a connection that never finishes its request head is closed, not held for an hour."""
+    import asyncio
+    import time
+
+    async with start_proxy(client_keepalive=1.0) as p:
+        host, port = p.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(head)
+        t = time.perf_counter()
+        async with asyncio.timeout(5):
+            await reader.read()  # returns at EOF: the proxy closed the connection
+        elapsed = time.perf_counter() - t
+        writer.close()
+    assert 0.9 < elapsed < 2.5, elapsed
+    assert upstream.seen == []
+
+
+async def test_client_keepalive_does_not_cut_long_streams(start_proxy, client: aiohttp.ClientSession) -> None:
+    from tests.fakes import chat_stream, stream_handler
+
+    frames = chat_stream(8)
+    async with start_proxy(client_keepalive=0.5) as p:
+        p.serve(stream_handler(frames, gap=0.25))  # a 2 s stream, 4x the keep-alive timeout
+        async with client.post(p.url + "/v1/chat/completions", data=b"{}") as resp:
+            assert await resp.read() == b"".join(frames)
