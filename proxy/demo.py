@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
-from typing import Any, Literal, TextIO
+from typing import Literal, TextIO
 
 import aiohttp
 from pydantic import AliasChoices, Field, SecretStr
@@ -23,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.client import Call, api_name, auth_headers, measure
 from proxy.experiments import Run, RunResult, format_report, plan, to_json
+from proxy.lifecycle import run_loop, stop_signalled
 from proxy.serve import running as proxy_running
 from proxy.settings import DEFAULT_UPSTREAM, Settings
 from proxy.sim import SimRunning, SimSettings
@@ -230,25 +230,10 @@ async def demo(
     return 0, results
 
 
-async def _signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
 def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
     """The `taotrace demo` command."""
     try:
-        import uvloop  # the proxy's loop when installed: less scheduling noise in the numbers
-
-        runner: Callable[[Any], Any] = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    try:
-        code, _ = runner(demo(settings, out, until=_signalled))
+        code, _ = run_loop(demo(settings, out, until=stop_signalled))
     except OSError as exc:
         print(
             f"demo: cannot listen: {exc.strerror or exc} (another taotrace running? try --port/--metrics-port)",

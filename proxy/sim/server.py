@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
+from proxy.lifecycle import run_loop, stop_signalled
 from proxy.sim.app import SIMULATOR, Simulator, create_app
 from proxy.sim.catalogue import DEFAULT_CATALOGUE, ModelSpec, catalogue_from
 from proxy.sim.settings import SimSettings
@@ -61,20 +60,15 @@ def run(settings: SimSettings) -> int:
     """The `taotrace sim` command: serve until SIGINT or SIGTERM."""
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
         async with running(settings) as sim:
             print(
                 f"taotrace sim: {sim.base_url} (time_scale {settings.time_scale}); stats at {sim.url}/sim/stats",
                 flush=True,
             )
-            await stop.wait()
+            await stop_signalled()
 
     try:
-        asyncio.run(main())
+        run_loop(main())
     except OSError as exc:
         print(f"taotrace sim: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
         return 1
