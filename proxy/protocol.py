@@ -55,14 +55,13 @@ class _GuardedRequestHandler(web.RequestHandler):
             # A bug of ours: keep the stack for debugging, drop the exception's text (it may quote data).
             stack = "".join(traceback.format_tb(exc.__traceback__)) if exc is not None else ""
             log.error("unhandled %s while handling a request\n%s", type(exc).__name__, stack)
-            error: ProxyError = ProxyError("internal error in the proxy")
-            error.status = 500
+            resp = web.Response(status=500, text="taotrace: internal error in the proxy\n")
         else:
             error = refusal_for(exc)
             log.debug("refused a request from %s: %s (%s)", request.remote, error.message, type(exc).__name__)
+            resp = error.response()
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send the error")
-        resp = error.response()
         resp.force_close()
         return resp
 
