@@ -153,7 +153,9 @@ class OtlpSink:
 
     def spans(self) -> list[Any]:
         """Every span received, decoded from the OTLP protobuf bodies."""
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
 
         out = []
         for body in self.bodies:

@@ -8,6 +8,7 @@ writes them as JSON to the file named by `$PROBE_REPORT` when the process exits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -45,6 +46,19 @@ async def _main(settings: Settings, lags: list[tuple[float, float]], rss: list[t
         sampler.cancel()
 
 
+def _gc_pauses(pauses: list[tuple[int, float]]) -> None:
+    """Record each garbage collection's generation and duration (a GC stops every thread)."""
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - started[0]))
+
+    gc.callbacks.append(callback)
+
+
 def main(argv: list[str]) -> int:
     args = build_parser("serve").parse_args(["serve", *argv])
     given = {k: v for k, v in vars(args).items() if v is not None and not k.startswith("_") and k != "command"}
@@ -52,6 +66,10 @@ def main(argv: list[str]) -> int:
     configure_logging(settings.log_level)
     lags: list[tuple[float, float]] = []
     rss: list[tuple[float, int]] = []
+    pauses: list[tuple[int, float]] = []
+    _gc_pauses(pauses)
+    if os.environ.get("PROBE_GC_FREEZE"):
+        gc.freeze()
     try:
         import uvloop
 
@@ -60,7 +78,7 @@ def main(argv: list[str]) -> int:
         report = os.environ.get("PROBE_REPORT")
         if report:
             with open(report, "w") as f:
-                json.dump({"lags": lags, "rss": rss, "exited": time.time()}, f)
+                json.dump({"lags": lags, "rss": rss, "gc": pauses, "exited": time.time()}, f)
     return 0
 
 

@@ -43,7 +43,7 @@ async def _flood(url: str, names: list[str], concurrency: int = 32) -> None:
 def _model_values(text: str) -> dict[str, set[str]]:
     """metric family -> the distinct `model` label values it exposes."""
     out: dict[str, set[str]] = {}
-    for m in re.finditer(r'^(taotrace_[a-z_]+?)(?:_bucket|_count|_sum|_created|_total)?\{[^}]*model="([^"]*)"', text, re.M):
+    for m in re.finditer(r'^(taotrace_[a-z_]+?)(?:_bucket|_count|_sum|_created|_total)?\{[^}]*model="([^"]*)"', text, re.MULTILINE):
         out.setdefault(m.group(1), set()).add(m.group(2))
     return out
 

@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import aiohttp
 import pytest
 from aiohttp import web
+from opentelemetry.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 
+from proxy.serve import running
+from proxy.settings import Settings
 from tests.adversarial.faultproxy import FaultProxy, Faults, blackhole
-from tests.adversarial.util import BODY, CHAT, Upstream, live_tasks, open_fds, read_stream, sample
+from tests.adversarial.util import (
+    BODY,
+    CHAT,
+    Upstream,
+    live_tasks,
+    open_fds,
+    read_stream,
+    sample,
+)
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
 
@@ -181,25 +195,20 @@ async def keepalive_race(start_proxy_factory, lanes: int, per_lane: int, keepali
     return sum(n for n, _ in results), [f for _, fs in results for f in fs]
 
 
-def _factory(tracer_provider, registry_maker):
-    from contextlib import asynccontextmanager
-
-    from proxy.serve import running
-    from proxy.settings import Settings
+def _factory(tracer_provider: TracerProvider) -> Callable[[str, float], AbstractAsyncContextManager[str]]:
+    """A fresh proxy (own pool, own registry) in front of `url`; yields the proxy's URL."""
 
     @asynccontextmanager
-    async def factory(url: str, keepalive: float):
+    async def factory(url: str, keepalive: float) -> AsyncIterator[str]:
         settings = Settings(upstream=url, port=0, metrics_port=0, drain_seconds=1.0, upstream_keepalive=keepalive)
-        async with running(settings, tracer_provider=tracer_provider, registry=registry_maker()) as srv:
+        async with running(settings, tracer_provider=tracer_provider, registry=CollectorRegistry()) as srv:
             yield srv.proxy_url
 
     return factory
 
 
 async def test_keepalive_race_with_an_upstream_closing_idle_connections_at_1s(tracer_provider) -> None:
-    from prometheus_client import CollectorRegistry
-
-    total, failures = await keepalive_race(_factory(tracer_provider, CollectorRegistry), 20, 25, keepalive=0.5)
+    total, failures = await keepalive_race(_factory(tracer_provider), 20, 25, keepalive=0.5)
     assert total == 500
     assert failures == []
 
@@ -207,9 +216,7 @@ async def test_keepalive_race_with_an_upstream_closing_idle_connections_at_1s(tr
 @pytest.mark.soak
 @pytest.mark.timeout(700)
 async def test_keepalive_race_500_sequential_requests(tracer_provider) -> None:
-    from prometheus_client import CollectorRegistry
-
-    total, failures = await keepalive_race(_factory(tracer_provider, CollectorRegistry), 1, 500, keepalive=0.5)
+    total, failures = await keepalive_race(_factory(tracer_provider), 1, 500, keepalive=0.5)
     assert total == 500
     assert failures == []
 
@@ -318,8 +325,6 @@ async def test_client_disconnects_reach_the_upstream_and_leak_nothing(
 
 async def test_a_client_that_stops_reading_holds_back_the_upstream(start_proxy) -> None:
     """Backpressure: a client that reads nothing must stop the upstream, not fill the proxy's memory."""
-    import socket
-
     written = 0
     chunk = b"data: " + b"x" * 65_000 + b"\n\n"
 

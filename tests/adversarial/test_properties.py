@@ -159,7 +159,15 @@ def test_header_rules_hold_for_any_header_set(headers: list[tuple[str, str]], pe
 
 # --- dialect readers ------------------------------------------------------------------------
 
-from proxy.dialects import API_CHAT, API_COMPLETIONS, API_MESSAGES, API_RESPONSES, inspect_request, read_body, reader_for  # noqa: E402
+from proxy.dialects import (
+    API_CHAT,
+    API_COMPLETIONS,
+    API_MESSAGES,
+    API_RESPONSES,
+    inspect_request,
+    read_body,
+    reader_for,
+)
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -210,7 +218,7 @@ def vars_of(usage) -> list:
 
 # --- headers, end to end --------------------------------------------------------------------
 
-from tests.adversarial.util import raw_request  # noqa: E402
+from tests.adversarial.util import raw_request
 
 _wire_names = st.one_of(
     st.sampled_from(sorted(HOP_BY_HOP) + ["Connection", "Host", "Content-Length", "Expect", "X-Forwarded-For"]),

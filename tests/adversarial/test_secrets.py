@@ -14,7 +14,7 @@ from aiohttp import web
 from tests.adversarial.faultproxy import blackhole
 from tests.adversarial.proc import OtlpSink, ProxyProcess
 from tests.adversarial.util import raw_request
-from tests.fakes import FakeUpstream, chat_stream, json_handler, named, sse
+from tests.fakes import chat_stream, named, sse
 
 CANARIES = {
     "authorization": "sk-canary-auth-0001",

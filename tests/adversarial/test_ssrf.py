@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -15,8 +16,6 @@ from tests.fakes import FakeUpstream
 @pytest.fixture
 async def bystander() -> AsyncIterator[tuple[str, list[int]]]:
     """Another loopback server the proxy must never connect to; counts connections it gets."""
-    import asyncio
-
     hits: list[int] = []
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

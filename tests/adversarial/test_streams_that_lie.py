@@ -11,7 +11,14 @@ import pytest
 from aiohttp import web
 
 from tests.adversarial.util import CHAT, read_stream, sample
-from tests.fakes import FakeUpstream, chat_chunk, chat_stream, named, sse, stream_handler
+from tests.fakes import (
+    FakeUpstream,
+    chat_chunk,
+    chat_stream,
+    named,
+    sse,
+    stream_handler,
+)
 
 TOKENS = sse(chat_chunk("a"), chat_chunk("b"), done=False)
 
@@ -19,10 +26,17 @@ LIES: dict[str, tuple[list[bytes], int]] = {
     # name: (frames, token events the proxy should still count)
     "invalid-json": ([b"data: {not json\n\n", b"data: {\"choices\": [\n\n", *TOKENS, b"data: [DONE]\n\n"], 2),
     "json-of-the-wrong-shape": (
-        [b'data: [1,2]\n\n', b'data: "s"\n\n', b'data: {"choices": 5}\n\n', b'data: {"choices": [{"delta": 7}]}\n\n',
-         b'data: {"choices": [{"delta": {"content": 9}}]}\n\n', b'data: {"usage": "many"}\n\n', *TOKENS],
+        [
+            b"data: [1,2]\n\n",
+            b'data: "s"\n\n',
+            b'data: {"choices": 5}\n\n',
+            b'data: {"choices": [{"delta": 7}]}\n\n',
+            b'data: {"choices": [{"delta": {"content": 9}}]}\n\n',
+            b'data: {"usage": "many"}\n\n',
+            *TOKENS,
+        ],
         2,
-    ),  # fmt: skip
+    ),
     "unknown-events": ([named("x-vendor.thing", {"a": 1}), b"event: \n\n", b"retry: 10\n\n", *TOKENS], 2),
     "bom": ([b"\xef\xbb\xbf" + TOKENS[0], *TOKENS[1:]], 2),
     "bom-split": ([b"\xef", b"\xbb", b"\xbf" + TOKENS[0], *TOKENS[1:]], 2),

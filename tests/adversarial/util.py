@@ -7,7 +7,10 @@ import gc
 import os
 
 import aiohttp
+from aiohttp import web
 from prometheus_client import CollectorRegistry
+
+from tests.fakes import Handler
 
 CHAT = "/v1/chat/completions"
 BODY = b'{"model": "gpt-4o-mini", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
@@ -53,18 +56,14 @@ async def read_stream(session: aiohttp.ClientSession, url: str, body: bytes = BO
 class Upstream:
     """A bare aiohttp upstream on port 0 with a deep accept queue (FakeUpstream keeps the default 128)."""
 
-    def __init__(self, handler, *, backlog: int = 2048, **runner_kwargs) -> None:
-        from aiohttp import web
-
+    def __init__(self, handler: Handler, *, backlog: int = 2048, **runner_kwargs: object) -> None:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", handler)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **runner_kwargs)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, **runner_kwargs)  # type: ignore[arg-type]
         self._backlog = backlog
         self.url = ""
 
-    async def __aenter__(self) -> "Upstream":
-        from aiohttp import web
-
+    async def __aenter__(self) -> Upstream:
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0, backlog=self._backlog).start()
         self.url = "http://127.0.0.1:%d" % self._runner.addresses[0][1]
