@@ -42,6 +42,7 @@ class Run:
     rss_mid: int
     rss_peak: int
     scrape_max: float
+    gc_max: float
     exit_after: float
     spans_received: int
 
@@ -50,7 +51,7 @@ class Run:
             f"{self.mode:>9}: {self.sent} req, {self.failed} failed; client TTFT p50 {self.ttft_p50 * 1e3:.1f} ms "
             f"p99 {self.ttft_p99 * 1e3:.1f} ms; loop lag p99 {self.lag_p99 * 1e3:.2f} ms (max {self.lag_max * 1e3:.1f}); "
             f"RSS {self.rss_start / 2**20:.0f}->{self.rss_mid / 2**20:.0f}->{self.rss_peak / 2**20:.0f} MiB; "
-            f"scrape max {self.scrape_max * 1e3:.0f} ms; "
+            f"scrape max {self.scrape_max * 1e3:.0f} ms; GC pause max {self.gc_max * 1e3:.0f} ms; "
             f"exit {self.exit_after:.2f} s after SIGTERM; spans at sink {self.spans_received}"
         )
 
@@ -120,7 +121,7 @@ async def outage_run(mode: str, seconds: float) -> Run:
     rss = [r for t, r in report["rss"] if t_start <= t <= t_end]
     return Run(
         mode, sent, failed, pct(ttfts, 0.5), pct(ttfts, 0.99), pct(lags, 0.99), max(lags),
-        rss[min(4, len(rss) - 1)], rss[len(rss) // 2], max(rss), max(scrapes), exited - term, len(sink.spans()) if mode == "ok" else 0,
+        rss[min(4, len(rss) - 1)], rss[len(rss) // 2], max(rss), max(scrapes), max([0.0] + [d for _, d in report["gc"]]), exited - term, len(sink.spans()) if mode == "ok" else 0,
     )  # fmt: skip
 
 
