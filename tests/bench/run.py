@@ -85,8 +85,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         concurrency=conc,
         lengths=lengths,
         rounds=args.rounds or (1 if quick else 2),
-        samples=args.samples or (30 if quick else 120),
-        hold=args.hold or (500 if quick else 1000),
+        samples=args.samples or (20 if quick else 120),
+        hold=args.hold or (300 if quick else 1000),
         ttft_ms=args.ttft_ms,
         interval_ms=args.interval_ms,
     )
@@ -732,7 +732,7 @@ def versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="~2 minutes: 16/256 tokens, 1 round, 500 held streams")
+    ap.add_argument("--quick", action="store_true", help="~2 minutes: 16/256 tokens, 1 round, 300 held streams")
     ap.add_argument("--arms", default=",".join(ARM_ORDER), help="comma list from: " + ",".join(ARM_ORDER))
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], help="e.g. 1,8,32,128")
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], help="tokens per stream, e.g. 16,256,1024")
