@@ -772,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         os.nice(args.nice)
 
     bench = Bench(args, plan, outdir)
+    started_with = versions()  # before the run: the tree may move while it runs
     t0 = time.monotonic()
     try:
         bench.start_all(wanted)
@@ -785,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine(),
-        "versions": versions(),
+        "versions": started_with,
         "plan": plan.__dict__,
         "quick": args.quick,
         "pinning": {"proxy_cpu": PROXY_CPU, "load_cpu": LOAD_CPU, "nice": args.nice},
