@@ -160,3 +160,32 @@ async def test_collector_outages_do_not_touch_requests() -> None:
 @pytest.mark.timeout(900)
 async def test_collector_outages_soak_60s() -> None:
     await _compare(60.0, strict=True)
+
+
+@pytest.mark.timeout(60)
+async def test_exit_within_deadline_plus_3s_with_streams_in_flight_and_the_collector_black_holed() -> None:
+    """The worst exit: streams run to the drain deadline, then spans cannot be flushed."""
+    sink = await OtlpSink("blackhole").start()
+    try:
+        async with Upstream(stream_handler(FRAMES, gap=5.0)) as up:  # ~60 s streams
+            proc = ProxyProcess("--upstream", up.url, "--drain-seconds", str(DRAIN), env=sink.env())
+            try:
+                await proc.started()
+                async with aiohttp.ClientSession() as session:
+
+                    async def one() -> None:
+                        async with session.post(proc.url + CHAT, data=BODY) as resp:
+                            await resp.read()
+
+                    tasks = [asyncio.ensure_future(one()) for _ in range(10)]
+                    await asyncio.sleep(1.0)
+                    sent = proc.terminate()
+                    results = await asyncio.gather(*tasks, return_exceptions=True)
+                    exited = await proc.exited(DRAIN + 15)
+            finally:
+                proc.close()
+    finally:
+        await sink.close()
+    assert all(isinstance(r, aiohttp.ClientPayloadError) for r in results), results  # cut at the deadline
+    print(f"\nexit {exited - sent:.2f} s after SIGTERM (drain {DRAIN:g} s, collector black-holed)")
+    assert exited - sent < DRAIN + 3.0
