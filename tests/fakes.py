@@ -147,6 +147,22 @@ def chat_stream(n_tokens: int, *, usage: bool = True, sep: bytes = b"\n") -> lis
     return sse(*objs, sep=sep)
 
 
+def decode_spans(payloads: Sequence[bytes]) -> list[object]:
+    """The spans in OTLP/HTTP protobuf export bodies."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    found: list[object] = []
+    for payload in payloads:
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(payload)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                found.extend(ss.spans)
+    return found
+
+
 @dataclass
 class OTLPSink:
     """A real OTLP/HTTP traces receiver on port 0; keeps the raw protobuf payloads it was sent."""
@@ -172,16 +188,7 @@ class OTLPSink:
 
     def spans(self) -> list[object]:
         """Decoded spans of every payload received so far."""
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        found: list[object] = []
-        for payload in self.payloads:
-            req = ExportTraceServiceRequest()
-            req.ParseFromString(payload)
-            for rs in req.resource_spans:
-                for ss in rs.scope_spans:
-                    found.extend(ss.spans)
-        return found
+        return decode_spans(self.payloads)
 
     async def close(self) -> None:
         if self._runner is not None:

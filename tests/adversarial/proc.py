@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes import decode_spans
+
 ROOT = Path(__file__).resolve().parents[2]
 _LISTEN = re.compile(rb"taotrace proxy on (http://\S+) -> .*; metrics on (http://\S+)/metrics")
 
@@ -153,15 +155,4 @@ class OtlpSink:
 
     def spans(self) -> list[Any]:
         """Every span received, decoded from the OTLP protobuf bodies."""
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-        )
-
-        out = []
-        for body in self.bodies:
-            req = ExportTraceServiceRequest()
-            req.ParseFromString(body)
-            for rs in req.resource_spans:
-                for ss in rs.scope_spans:
-                    out.extend(ss.spans)
-        return out
+        return decode_spans(self.bodies)
