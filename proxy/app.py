@@ -1,9 +1,9 @@
 """The two aiohttp applications: the proxy (every path forwarded) and the metrics port.
 
-`create_proxy_app` owns the upstream `ClientSession` through `cleanup_ctx`; its shape follows
-the pitfalls in shared/standards.md: no total timeout (streams run for minutes), connect and
-idle-read timeouts instead, no pool cap by default, no cookie jar, no decompression, no
-invented headers, and a keep-alive shorter than the upstream's idle timeout.
+`create_proxy_app` owns the upstream connection pool (`proxy/upstream.py`) through
+`cleanup_ctx`; its shape follows the pitfalls in shared/standards.md: no total timeout (streams
+run for minutes), connect and idle-read timeouts instead, no pool cap by default, no cookies, no
+decompression, no invented headers, and a keep-alive shorter than the upstream's idle timeout.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from yarl import URL
 
-from proxy.forward import Forwarder, Observer, phase_trace_config
+from proxy.forward import Forwarder, Observer
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.telemetry import Telemetry
+from proxy.upstream import UpstreamPool
 
-__all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_session", "upstream_url"]
+__all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_pool", "upstream_url"]
 
 
 @dataclass
@@ -37,8 +37,7 @@ class ServerState:
 
 
 STATE_KEY = web.AppKey("state", ServerState)
-SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
-UPSTREAM_HEADER_LIMIT = 16 * 1024
+POOL_KEY = web.AppKey("pool", UpstreamPool)
 
 
 def upstream_url(raw: str) -> URL:
@@ -51,26 +50,14 @@ def upstream_url(raw: str) -> URL:
     return url
 
 
-def make_session(settings: Settings) -> aiohttp.ClientSession:
-    """The upstream client, configured for long streams and byte-exact forwarding."""
-    connector = aiohttp.TCPConnector(
-        limit=settings.max_connections,  # 0: no hidden cap on concurrent streams
-        limit_per_host=0,
-        keepalive_timeout=settings.upstream_keepalive,
-        ttl_dns_cache=60,
-    )
-    timeout = aiohttp.ClientTimeout(
-        total=None, connect=settings.connect_timeout, sock_connect=settings.connect_timeout, sock_read=settings.read_timeout
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        trace_configs=[phase_trace_config()],
-        max_line_size=UPSTREAM_HEADER_LIMIT,
-        max_field_size=UPSTREAM_HEADER_LIMIT,
+def make_pool(settings: Settings) -> UpstreamPool:
+    """The upstream connections, configured for long streams and byte-exact forwarding."""
+    return UpstreamPool(
+        upstream_url(settings.upstream),
+        connect_timeout=settings.connect_timeout,
+        read_timeout=settings.read_timeout,
+        keepalive=settings.upstream_keepalive,
+        max_connections=settings.max_connections,  # 0: no hidden cap on concurrent streams
     )
 
 
@@ -86,25 +73,24 @@ def create_proxy_app(
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
     app[STATE_KEY] = state
 
-    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
-        session = make_session(settings)
-        app[SESSION_KEY] = session
-        forwarder.session = session
+    async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
+        pool = make_pool(settings)  # needs the running loop
+        app[POOL_KEY] = pool
+        forwarder.pool = pool
         yield
-        await session.close()
+        await pool.close()
 
     forwarder = Forwarder(
-        None,  # type: ignore[arg-type]  # set by session_ctx before the first request
-        upstream,
+        None,  # type: ignore[arg-type]  # set by pool_ctx before the first request
+        upstream.raw_path,
         telemetry,
         metrics,
-        connect_timeout=settings.connect_timeout,
         max_body_bytes=settings.max_body_bytes,
         capture_content=settings.capture_content,
         observers=observers,
         is_draining=lambda: state.draining,
     )
-    app.cleanup_ctx.append(session_ctx)
+    app.cleanup_ctx.append(pool_ctx)
     forward = forwarder.handle
     in_flight = state.in_flight
 

@@ -1,10 +1,11 @@
-"""The only upstream I/O: send the client's request on, stream the answer back, time it.
+"""The handler of the proxy port: send the client's request on, relay the answer, time it.
 
-Bytes go to the client first; timestamps are taken as they arrive; parsing works on the same
-immutable bytes afterwards and can never fail the request. The client going away cancels the
-handler (aiohttp `handler_cancellation=True`) and we close the upstream response, so the
-upstream sees the connection drop; the upstream dying mid-body closes the client's connection
-without the terminating chunk, so a cut stream never looks complete.
+Bytes go to the client first: each read from the upstream is written to the client inside the
+upstream connection's `data_received` (`proxy/upstream.py`), then timestamped and parsed on the
+same immutable bytes; parsing can never fail the request. The client going away cancels the
+handler (aiohttp `handler_cancellation=True`) and we drop the upstream connection, so the
+upstream sees it close; the upstream dying mid-body closes the client's connection without the
+terminating chunk, so a cut stream never looks complete.
 """
 
 from __future__ import annotations
@@ -13,31 +14,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from opentelemetry.trace import INVALID_SPAN
-from yarl import URL
 
 from proxy.dialects import API_OTHER, StreamReader, Usage, api_for_path, inspect_request, read_body, reader_for
-from proxy.errors import (
-    BadTarget,
-    BodyTooLarge,
-    ProxyError,
-    UpstreamBroken,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-    error_type_for_status,
-)
+from proxy.errors import BadTarget, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.metrics import Metrics
 from proxy.sse import SSEDecoder
 from proxy.telemetry import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
+from proxy.upstream import BodyFailure, UpstreamPool, UpstreamResponse
 
-__all__ = ["Forwarder", "phase_trace_config"]
+__all__ = ["Forwarder"]
 
 log = logging.getLogger("taotrace")
 
@@ -46,70 +37,70 @@ Observer = Callable[[RequestRecord], None]
 
 MAX_BODY_COPY = 4 << 20  # a non-streaming body is kept (for its usage) up to this size
 MAX_ERROR_COPY = 64 << 10
+HIGH_WATER = 256 << 10  # client send buffer above this: stop reading the upstream until it drains
+LOW_WATER = 64 << 10
+DRAIN_POLL = 0.005
 
 
-def phase_trace_config(clock: Clock = time.perf_counter) -> aiohttp.TraceConfig:
-    """aiohttp signals -> the request's PhaseClock (passed as `trace_request_ctx`)."""
-    tc = aiohttp.TraceConfig()
-
-    def _phase(ctx: SimpleNamespace) -> PhaseClock | None:
-        phase = ctx.trace_request_ctx
-        return phase if isinstance(phase, PhaseClock) else None
-
-    async def mark(_s: object, ctx: SimpleNamespace, _p: object) -> None:
-        if (p := _phase(ctx)) is not None:
-            p.mark(clock())
-
-    async def queued_end(_s: object, ctx: SimpleNamespace, _p: object) -> None:
-        if (p := _phase(ctx)) is not None:
-            p.pool_wait = p.since_mark(clock())
-
-    async def dns_end(_s: object, ctx: SimpleNamespace, _p: object) -> None:
-        if (p := _phase(ctx)) is not None:
-            p.dns = p.since_mark(clock())
-
-    async def create_end(_s: object, ctx: SimpleNamespace, _p: object) -> None:
-        if (p := _phase(ctx)) is not None:
-            p.connect = p.since_mark(clock())
-            p.reused = False
-
-    async def reuse(_s: object, ctx: SimpleNamespace, _p: object) -> None:
-        if (p := _phase(ctx)) is not None:
-            p.reused = True
-
-    async def sent(_s: object, ctx: SimpleNamespace, _p: object) -> None:
-        if (p := _phase(ctx)) is not None:
-            p.sent(clock())
-
-    tc.on_connection_queued_start.append(mark)
-    tc.on_connection_queued_end.append(queued_end)
-    tc.on_dns_resolvehost_start.append(mark)
-    tc.on_dns_resolvehost_end.append(dns_end)
-    tc.on_connection_create_start.append(mark)
-    tc.on_connection_create_end.append(create_end)
-    tc.on_connection_reuseconn.append(reuse)
-    tc.on_request_headers_sent.append(sent)
-    tc.on_request_chunk_sent.append(sent)
-    tc.freeze()
-    return tc
+class _ClientGone(Exception):
+    pass
 
 
-def _upstream_error(exc: BaseException, base: URL, connect_timeout: float) -> ProxyError:
-    """Our own message for an exception raised before the response headers."""
-    where = f"{base.host}:{base.port}"
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return UpstreamTimeout(f"connecting to upstream {where} timed out after {connect_timeout:g}s")
-    if isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
-        return UpstreamTimeout(f"upstream {where} sent no response headers within the idle read timeout")
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return UpstreamUnreachable(f"cannot resolve upstream host {base.host}")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamUnreachable(f"cannot connect to upstream {where} ({type(exc).__name__})")
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return UpstreamBroken(f"upstream {where} closed the connection before responding")
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return UpstreamBroken(f"upstream {where} sent an invalid HTTP response")
-    return UpstreamBroken(f"upstream {where} failed before responding ({type(exc).__name__})")
+class _Relay:
+    """The per-request sink: write one upstream read to the client, then time and parse it.
+
+    Runs inside the upstream protocol's `data_received`, so nothing is queued between the two
+    sockets. Returns True when the client's send buffer is over the high-water mark.
+    """
+
+    __slots__ = ("cap", "chunked", "clock", "copy", "decoder", "phase", "reader", "transport")
+
+    def __init__(
+        self,
+        transport: Any,
+        chunked: bool,
+        clock: Clock,
+        phase: PhaseClock,
+        decoder: SSEDecoder | None,
+        reader: StreamReader | None,
+        copy: bytearray | None,
+        cap: int,
+    ) -> None:
+        self.transport = transport
+        self.chunked = chunked
+        self.clock = clock
+        self.phase = phase
+        self.decoder = decoder
+        self.reader = reader
+        self.copy = copy
+        self.cap = cap
+
+    def __call__(self, chunk: bytes) -> bool:
+        t = self.clock()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise _ClientGone
+        if not self.chunked:
+            transport.write(chunk)
+        elif len(chunk) < 16384:
+            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))  # one small copy, one send
+        else:
+            transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        phase = self.phase
+        if phase.t_first_byte is None:
+            phase.body_bytes(t)
+        reader = self.reader
+        if reader is not None:
+            try:
+                for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
+                    if reader.feed(event):
+                        phase.token(t)
+            except Exception:  # noqa: BLE001 - parsing is best effort, forwarding is not
+                log.debug("stream parse failed; timing for this request is partial", exc_info=True)
+                self.reader = None
+        elif self.copy is not None and len(self.copy) < self.cap:
+            self.copy += chunk
+        return transport.get_write_buffer_size() > HIGH_WATER
 
 
 def _cut_client(request: web.BaseRequest) -> None:
@@ -124,24 +115,21 @@ class Forwarder:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        upstream: URL,
+        pool: UpstreamPool,
+        base_path: str,
         telemetry: Telemetry,
         metrics: Metrics,
         *,
-        connect_timeout: float,
         max_body_bytes: int,
         capture_content: bool = False,
         observers: Sequence[Observer] = (),
         is_draining: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
     ) -> None:
-        self.session = session
-        self.upstream = upstream
-        self.base = str(upstream).rstrip("/")
+        self.pool = pool
+        self.base_path = base_path.rstrip("/")  # the upstream URL's path, e.g. "/api"
         self.telemetry = telemetry
         self.metrics = metrics
-        self.connect_timeout = connect_timeout
         self.max_body_bytes = max_body_bytes
         self.capture_content = capture_content
         self.observers = tuple(observers)
@@ -184,42 +172,45 @@ class Forwarder:
         error_type = ""
         reader: StreamReader | None = None
         copy: bytearray | None = None
-        upstream_resp: aiohttp.ClientResponse | None = None
+        upstream_resp: UpstreamResponse | None = None
+        relay: _Relay | None = None
         try:
             headers = request_headers(request.headers.items(), request.remote)
             self.telemetry.inject(span, headers)
             try:
-                upstream_resp = await self.session.request(
-                    method,
-                    URL(self.base + target, encoded=True),
-                    data=body or None,
-                    headers=headers,
-                    allow_redirects=False,
-                    trace_request_ctx=phase,
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every failure becomes our own 502/504
-                error = _upstream_error(exc, self.upstream, self.connect_timeout)
+                upstream_resp = await self.pool.request(method, self.base_path + target, headers.items(), body, phase)
+            except ProxyError as error:  # our own 502/504, never bytes from the wire
                 status, error_type = error.status, error.error_type
-                log.debug("upstream request failed: %s (%s)", error.message, type(exc).__name__)
+                log.debug("upstream request failed: %s", error.message)
                 return error.response()
             phase.headers(self.clock())
             status = upstream_resp.status
             response = web.StreamResponse(
-                status=status, reason=upstream_resp.reason, headers=response_headers(upstream_resp.headers.items())
+                status=status, reason=upstream_resp.reason, headers=response_headers(upstream_resp.headers)
             )
             await response.prepare(request)
-            decoder, reader, copy = self._parsers(api, upstream_resp, info.stream, status)
-            error_type = await self._pump(upstream_resp, request, response, phase, decoder, reader, copy)
+            decoder, reader, copy = self._parsers(api, upstream_resp, status)
+            relay = _Relay(
+                request.transport,
+                response.headers.get("Transfer-Encoding", "").lower() == "chunked",  # aiohttp's choice
+                self.clock,
+                phase,
+                decoder,
+                reader,
+                copy,
+                MAX_BODY_COPY if status < 400 else MAX_ERROR_COPY,
+            )
+            error_type = await self._relay(upstream_resp, request, response, relay)
             return response
         except asyncio.CancelledError:
             error_type = "shutdown" if self.is_draining() else "client_abort"
             raise
         finally:
             if upstream_resp is not None:
-                upstream_resp.close()  # no-op after a full read; drops the connection otherwise
+                upstream_resp.close()  # back to the pool after a full read; dropped otherwise
             gauge.dec()
+            if relay is not None:
+                reader = relay.reader  # None if parsing gave up midway
             try:
                 self._finish(span, info, method, path, status, error_type, phase, reader, copy)
             except Exception:  # noqa: BLE001 - telemetry must never break a request
@@ -235,65 +226,40 @@ class Forwarder:
             raise BodyTooLarge(f"request body exceeds the proxy's limit of {limit} bytes (TAOTRACE_MAX_BODY_BYTES)") from None
 
     def _parsers(
-        self, api: str, resp: aiohttp.ClientResponse, stream: bool, status: int
+        self, api: str, resp: UpstreamResponse, status: int
     ) -> tuple[SSEDecoder | None, StreamReader | None, bytearray | None]:
         """What to run on the copy: an SSE decoder + dialect reader, or a bounded body copy."""
-        encoding = resp.headers.get("Content-Encoding", "identity").lower()
+        encoding = resp.header("Content-Encoding", "identity").lower()
         if encoding != "identity":
             return None, None, None  # compressed: forwarded untouched, not parsed
-        ctype = resp.headers.get("Content-Type", "").lower()
+        ctype = resp.header("Content-Type").lower()
         if ctype.startswith("text/event-stream") and api != API_OTHER:
             return SSEDecoder(), reader_for(api, self.capture_content), None
         if status >= 400 or (api != API_OTHER and "json" in ctype):
             return None, None, bytearray()
         return None, None, None
 
-    async def _pump(
-        self,
-        upstream: aiohttp.ClientResponse,
-        request: web.BaseRequest,
-        response: web.StreamResponse,
-        phase: PhaseClock,
-        decoder: SSEDecoder | None,
-        reader: StreamReader | None,
-        copy: bytearray | None,
+    async def _relay(
+        self, upstream: UpstreamResponse, request: web.BaseRequest, response: web.StreamResponse, relay: _Relay
     ) -> str:
-        """Forward the body chunk by chunk; returns the error type of a failed body ("" if none)."""
-        clock = self.clock
-        write = response.write
-        readany = upstream.content.readany  # iter_any() minus an iterator frame per chunk
-        cap = MAX_BODY_COPY if upstream.status < 400 else MAX_ERROR_COPY
+        """Relay the body to its end; returns the error type of a failed body ("" if none)."""
+        transport = request.transport
+
+        async def drained() -> None:
+            # aiohttp has no public "wait until the client drained" for raw writes; a slow
+            # client is the rare case, so a short poll costs nothing on the hot path.
+            while transport is not None and not transport.is_closing() and transport.get_write_buffer_size() > LOW_WATER:
+                await asyncio.sleep(DRAIN_POLL)
+
         try:
-            while chunk := await readany():
-                t = clock()
-                await write(chunk)
-                if phase.t_first_byte is None:
-                    phase.body_bytes(t)
-                if reader is not None:
-                    try:
-                        for event in decoder.feed(chunk):  # type: ignore[union-attr]
-                            if reader.feed(event):
-                                phase.token(t)
-                    except Exception:  # noqa: BLE001 - parsing is best effort, forwarding is not
-                        log.debug("stream parse failed; timing for this request is partial", exc_info=True)
-                        reader = None
-                elif copy is not None and len(copy) < cap:
-                    copy += chunk
-        except aiohttp.ClientPayloadError:
+            await upstream.relay(relay, drained)
+        except BodyFailure as exc:
+            if exc.error_type == "client_abort":
+                if transport is not None:
+                    transport.close()
+                return "client_abort"
             _cut_client(request)
-            return "stream_cut"
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError):
-            _cut_client(request)
-            return "timeout"
-        except ConnectionResetError:
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                return "client_abort"  # writing to a client that went away; the caller closes upstream
-            _cut_client(request)
-            return "stream_cut"
-        except aiohttp.ClientConnectionError:
-            _cut_client(request)
-            return "stream_cut"
+            return exc.error_type
         await response.write_eof()
         return ""
 
