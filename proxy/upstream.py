@@ -71,6 +71,7 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.busy = False
+        self.reused = False  # taken from the pool for this request (a stale one may be retried)
         self.head_only = False  # a HEAD request: the response has no body whatever it says
         self.status = 0
         self.reason = b""
@@ -78,6 +79,7 @@ class _Connection(asyncio.Protocol):
         self.framed = False  # Content-Length or chunked: EOF before the end is a cut
         self.head_done = False
         self.complete = False
+        self.keep_alive = False
         self.head_bytes = 0
         self.got_bytes = False
         self.failure: BaseException | None = None
@@ -103,19 +105,20 @@ class _Connection(asyncio.Protocol):
         self.last_read = self.loop.time()
         if not self.head_done:
             self.head_bytes += len(data)
+        error: BaseException | None = None
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(_broken("sent an invalid HTTP response") if not self.head_done else BodyFailure("stream_cut", f"invalid response body framing ({type(exc).__name__})"))
-            return
+            if self.head_done:
+                error = BodyFailure("stream_cut", f"invalid response body framing ({type(exc).__name__})")
+            else:
+                error = _broken("sent an invalid HTTP response")
         except ProxyError as exc:
-            self._fail(exc if not self.head_done else BodyFailure("stream_cut", exc.message))
-            return
-        if not self.head_done and self.head_bytes > HEAD_LIMIT:
-            self._fail(_broken(f"sent a response head over {HEAD_LIMIT} bytes"))
-            return
+            error = exc if not self.head_done else BodyFailure("stream_cut", exc.message)
+        if error is None and not self.head_done and self.head_bytes > HEAD_LIMIT:
+            error = _broken(f"sent a response head over {HEAD_LIMIT} bytes")
         parts = self.parts
-        if parts:
+        if parts:  # what was parsed before any error is good body: relay it
             chunk = parts[0] if len(parts) == 1 else b"".join(parts)
             parts.clear()
             sink = self.sink
@@ -126,8 +129,10 @@ class _Connection(asyncio.Protocol):
                     if sink(chunk):
                         self.pause()
                 except Exception:  # noqa: BLE001 - the sink handles its own errors; never let one escape into the loop
-                    self._fail(BodyFailure("client_abort", "the body could not be relayed to the client"))
-                    return
+                    error = BodyFailure("client_abort", "the body could not be relayed to the client")
+        if error is not None:
+            self._fail(error)
+            return
         if self.complete or (self.head_done and self.head_only):
             self._finish_body()
 
@@ -143,7 +148,7 @@ class _Connection(asyncio.Protocol):
         if not self.busy or self.complete:
             return
         if not self.head_done:
-            if self.pool.reused_by(self) and not self.got_bytes:
+            if self.reused and not self.got_bytes:
                 self._fail(_Stale())
             else:
                 self._fail(_broken("closed the connection before responding"))
@@ -193,8 +198,9 @@ class _Connection(asyncio.Protocol):
         self.parts.append(body)
 
     def on_message_complete(self) -> None:
-        if self.head_done:
+        if self.head_done and not self.complete:
             self.complete = True
+            self.keep_alive = self.parser.should_keep_alive()  # llhttp resets it for the next message
 
     # --- driving one request -----------------------------------------------------------------
 
@@ -279,7 +285,7 @@ class _Connection(asyncio.Protocol):
         self._cancel_timer()
         keep = (
             self.complete and not self.closed and not self.head_only and self.failure is None
-            and self.parser.should_keep_alive()
+            and self.keep_alive
         )  # fmt: skip
         if keep and self.paused and self.transport is not None:
             self.paused = False
@@ -378,19 +384,14 @@ class UpstreamPool:
         self._limit = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._free: deque[_Connection] = deque()
         self._all: set[_Connection] = set()
-        self._reused: set[_Connection] = set()  # connections serving a request they did not open for
         self._dns: tuple[float, list[tuple[Any, ...]]] | None = None
         self._literal = _is_ip(self.host)
         self._closed = False
 
     # --- bookkeeping used by connections ---------------------------------------------------
 
-    def reused_by(self, conn: _Connection) -> bool:
-        return conn in self._reused
-
     def _forget(self, conn: _Connection) -> None:
         self._all.discard(conn)
-        self._reused.discard(conn)
         try:
             self._free.remove(conn)
         except ValueError:
@@ -400,7 +401,6 @@ class UpstreamPool:
         if self._closed:
             conn.abort()
             return
-        self._reused.discard(conn)
         conn.idle_timer = self.loop.call_later(self.keepalive, conn.abort)
         self._free.append(conn)
 
@@ -447,8 +447,7 @@ class UpstreamPool:
     async def _acquire(self, phase: PhaseClock, fresh: bool) -> _Connection:
         conn = None if fresh else self._pop_free()
         if conn is not None:
-            phase.reused = True
-            self._reused.add(conn)
+            phase.reused = conn.reused = True
             return conn
         conn = await self._connect(phase)
         phase.reused = False
