@@ -14,11 +14,18 @@ import time
 from collections.abc import Mapping, MutableMapping
 
 from opentelemetry import trace
-from opentelemetry.propagate import extract, inject
+from opentelemetry.baggage import get_all as get_all_baggage
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.propagate import extract, get_global_textmap, inject
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace import sampling
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy import __version__
 from proxy.dialects import RequestInfo
@@ -97,8 +104,66 @@ def _redacted_query(query: str) -> str:
     return "&".join(f"{name}=REDACTED" for name in names)
 
 
+# The fast paths below are taken only where they produce exactly what the SDK's general path
+# would; anything they do not recognise (another propagator, a processor with an on_start hook,
+# the SDK's own span metrics, tiny attribute limits) gets the general path.
+_EMPTY_CONTEXT = Context()  # what extract() returns for a carrier without W3C headers
+_W3C_PROPAGATORS = {TraceContextTextMapPropagator, W3CBaggagePropagator}
+# Processors whose on_start/_on_ending do nothing: they only need on_end, which takes a ReadableSpan.
+_NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpanProcessor.on_start}
+_NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
+_RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
+_MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
+
+
+def _is_w3c_textmap(propagator: object) -> bool:
+    """True for `tracecontext` or `tracecontext,baggage` (the default): headers we can read and write directly."""
+    if type(propagator) is CompositePropagator:
+        parts = getattr(propagator, "_propagators", None)
+    else:
+        parts = (propagator,)
+    if not parts:
+        return False
+    kinds = {type(p) for p in parts}
+    return TraceContextTextMapPropagator in kinds and kinds <= _W3C_PROPAGATORS
+
+
+def _end_only(processor: object) -> bool:
+    cls = type(processor)
+    return getattr(cls, "on_start", None) in _NOOP_ON_START and getattr(cls, "_on_ending", None) in _NOOP_ON_ENDING
+
+
+# Samplers that sample every child of a sampled local parent, with the parent's trace state and no
+# attributes of their own: ALWAYS_ON, the ParentBased ones with their default delegates, and
+# trace-id ratio (a child has its parent's trace id). What OTEL_TRACES_SAMPLER builds is among them.
+_FOLLOWING_SAMPLERS = (sampling.ALWAYS_ON, sampling.DEFAULT_ON, sampling.DEFAULT_OFF)
+_FOLLOWING_SAMPLER_TYPES = {
+    cls
+    for cls in (
+        sampling.TraceIdRatioBased,
+        sampling.ParentBasedTraceIdRatio,
+        *(getattr(sampling, name, None) for name in ("_AlwaysOn", "_ParentBasedAlwaysOn", "_ParentBasedAlwaysOff")),
+    )
+    if cls is not None
+}
+
+
+def _children_follow_root(sampler: object) -> bool:
+    return any(sampler is s for s in _FOLLOWING_SAMPLERS) or type(sampler) in _FOLLOWING_SAMPLER_TYPES
+
+
+def _sdk_internal_metrics_enabled() -> bool:
+    return os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
+
+
 class Telemetry:
-    """Starts and ends the spans of each request on a tracer from the given provider."""
+    """Starts and ends the spans of each request on a tracer from the given provider.
+
+    The root span is an ordinary SDK span. The three phase children are known only when the
+    request has ended, so (with the SDK's tracer and processors that act on end only, i.e. the
+    batch and simple processors) they are handed to the processors as finished `ReadableSpan`s,
+    skipping a live span, its lock and attribute validation for each.
+    """
 
     def __init__(
         self,
@@ -116,9 +181,31 @@ class Telemetry:
         self.capture_content = capture_content
         # perf_counter seconds -> epoch nanoseconds, fixed at start (spans need wall time).
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
+        self._textmap: object = None  # the global propagator last classified
+        self._w3c = False
+        tracer = self.tracer
+        limits = getattr(tracer, "_span_limits", None)
+        max_attrs = getattr(limits, "max_span_attributes", 0)
+        self._direct_ok = (
+            isinstance(tracer, SdkTracer)
+            and all(hasattr(tracer, a) for a in ("sampler", "id_generator", "span_processor"))
+            and (max_attrs is None or max_attrs >= _MAX_CHILD_ATTRIBUTES)
+            and not _sdk_internal_metrics_enabled()  # the SDK would count each child span
+        )
+        self._processors_seen: object = None
+        self._sampler_seen: object = None
+        self._follows = False  # the tracer's sampler samples the children of a sampled root
+        self._direct = False  # children may be handed to the processors directly
 
     def _ns(self, t: float) -> int:
         return int(t * 1e9) + self._offset_ns
+
+    def _w3c_textmap(self) -> bool:
+        textmap = get_global_textmap()
+        if textmap is not self._textmap:  # set_global_textmap() may replace it at any time
+            self._w3c = _is_w3c_textmap(textmap)
+            self._textmap = textmap
+        return self._w3c
 
     def start(self, info: RequestInfo, method: str, path: str, query: str, carrier: Mapping[str, str], t0: float) -> Span:
         """The root span, continuing the client's `traceparent` when it sent one."""
@@ -142,42 +229,71 @@ class Telemetry:
                 attributes["gen_ai.request.model"] = info.model
         if self.capture_content and info.content is not None:
             attributes["gen_ai.input.messages"] = info.content[:65536]
+        # Most clients send no trace headers; the W3C propagators would then return an empty context.
+        if self._w3c_textmap() and carrier.get("traceparent") is None and carrier.get("baggage") is None:
+            context = _EMPTY_CONTEXT
+        else:
+            context = extract(carrier)
         return self.tracer.start_span(
-            name, context=extract(carrier), kind=SpanKind.CLIENT, attributes=attributes, start_time=self._ns(t0)
+            name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=self._ns(t0)
         )
 
-    @staticmethod
-    def inject(span: Span, headers: MutableMapping[str, str]) -> None:
+    def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
         """Put our span's context in the upstream headers, replacing the client's `traceparent`."""
-        inject(headers, context=trace.set_span_in_context(span))
+        try:
+            if self._w3c_textmap() and not get_all_baggage():
+                # What TraceContextTextMapPropagator.inject writes; with no baggage in the current
+                # context the baggage propagator writes nothing.
+                ctx = span.get_span_context()
+                if ctx == INVALID_SPAN_CONTEXT:
+                    return
+                headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+                if ctx.trace_state:
+                    headers["tracestate"] = ctx.trace_state.to_header()
+            else:
+                inject(headers, context=trace.set_span_in_context(span))
+        except Exception:  # telemetry must never break a request
+            log.exception("could not inject the trace context upstream")
 
     @staticmethod
     def trace_id(span: Span) -> str | None:
         ctx = span.get_span_context()
         return format(ctx.trace_id, "032x") if ctx.is_valid and ctx.trace_flags.sampled else None
 
+    def _processors(self) -> tuple[object, ...] | None:
+        """The provider's processors, or None when they cannot be inspected."""
+        processors = getattr(getattr(self.tracer, "span_processor", None), "_span_processors", None)
+        if processors is not self._processors_seen:  # add_span_processor() replaces the tuple
+            self._processors_seen = processors
+            self._direct = self._direct_ok and processors is not None and all(_end_only(p) for p in processors)
+        return processors if isinstance(processors, tuple) else None
+
     def finish(self, span: Span, rec: RequestRecord, output_text: str | None = None) -> None:
         """Attributes from the record, the three phase children, then end the root span."""
-        if not span.is_recording():
-            span.end(end_time=self._ns(rec.timing.end))
-            return
         t = rec.timing
+        if not span.is_recording():
+            span.end(end_time=self._ns(t.end))
+            return
+        if self._processors() == () and self._direct:  # no exporter configured: nothing can leave
+            span.end(end_time=self._ns(t.end))
+            return
         u = rec.usage
         attrs: dict[str, object] = {"http.response.status_code": rec.status_code, "taotrace.duration": t.duration}
-        optional: dict[str, object | None] = {
-            "gen_ai.response.model": rec.response_model,
-            "gen_ai.response.id": rec.response_id,
-            "gen_ai.usage.input_tokens": u.input_tokens,
-            "gen_ai.usage.output_tokens": u.output_tokens,
-            "gen_ai.usage.cache_read.input_tokens": u.cached_input_tokens,
-            "gen_ai.usage.reasoning.output_tokens": u.reasoning_tokens,
-            "gen_ai.response.time_to_first_chunk": t.ttft,
-            "taotrace.ttfb": t.ttfb,
-            "taotrace.time_to_headers": t.time_to_headers,
-            "taotrace.tpot": t.tpot,
-            "taotrace.connection.reused": t.connection_reused,
-        }
-        attrs.update({k: v for k, v in optional.items() if v is not None})
+        for key, value in (
+            ("gen_ai.response.model", rec.response_model),
+            ("gen_ai.response.id", rec.response_id),
+            ("gen_ai.usage.input_tokens", u.input_tokens),
+            ("gen_ai.usage.output_tokens", u.output_tokens),
+            ("gen_ai.usage.cache_read.input_tokens", u.cached_input_tokens),
+            ("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens),
+            ("gen_ai.response.time_to_first_chunk", t.ttft),
+            ("taotrace.ttfb", t.ttfb),
+            ("taotrace.time_to_headers", t.time_to_headers),
+            ("taotrace.tpot", t.tpot),
+            ("taotrace.connection.reused", t.connection_reused),
+        ):
+            if value is not None:
+                attrs[key] = value
         if rec.finish_reasons:
             attrs["gen_ai.response.finish_reasons"] = list(rec.finish_reasons)
         if rec.stream:
@@ -189,31 +305,87 @@ class Telemetry:
             attrs["error.type"] = rec.error_type
             span.set_status(Status(StatusCode.ERROR, rec.error_type))
         span.set_attributes(attrs)  # type: ignore[arg-type]
-        self._children(span, rec)
+        phases = self._phases(rec)
+        if self._direct:
+            self._direct_children(span, phases)
+        else:
+            ctx = trace.set_span_in_context(span)
+            for phase in phases:
+                self._child(ctx, *phase)
         span.end(end_time=self._ns(t.end))
 
-    def _children(self, parent: Span, rec: RequestRecord) -> None:
+    def _phases(self, rec: RequestRecord) -> list[tuple[str, int, int, dict[str, object], Status | None]]:
+        """(name, start ns, end ns, attributes, error status) of each phase child."""
         t = rec.timing
-        ctx = trace.set_span_in_context(parent)
-        phases: list[tuple[str, float, float | None, dict[str, object]]] = []
-        net_attrs = {
-            k: v
-            for k, v in (
-                ("taotrace.connection.reused", t.connection_reused),
-                ("taotrace.pool_wait", t.pool_wait),
-                ("taotrace.dns", t.dns),
-                ("taotrace.connect", t.connect),
-            )
-            if v is not None
-        }
-        phases.append(("network", t.start, t.sent if t.sent is not None else t.end, net_attrs))
+        ns = self._ns
+        net_attrs: dict[str, object] = {}
+        if t.connection_reused is not None:
+            net_attrs["taotrace.connection.reused"] = t.connection_reused
+        if t.pool_wait is not None:
+            net_attrs["taotrace.pool_wait"] = t.pool_wait
+        if t.dns is not None:
+            net_attrs["taotrace.dns"] = t.dns
+        if t.connect is not None:
+            net_attrs["taotrace.connect"] = t.connect
+        status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and t.sent is None else None
+        start = ns(t.start)
+        phases = [("network", start, ns(t.sent) if t.sent is not None else ns(t.end), net_attrs, status)]
         if t.sent is not None and t.first_token is not None:
-            phases.append(("prefill_wait", t.sent, t.first_token, {}))
-            phases.append(("decode", t.first_token, t.last_token, {"taotrace.token_events": t.token_events}))
-        for name, start, end, attrs in phases:
-            child = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL, start_time=self._ns(start))
-            if attrs:
-                child.set_attributes(attrs)  # type: ignore[arg-type]
-            if rec.error_type and name == "network" and t.sent is None:
-                child.set_status(Status(StatusCode.ERROR, rec.error_type))
-            child.end(end_time=self._ns(end if end is not None else start))
+            sent, first = ns(t.sent), ns(t.first_token)
+            phases.append(("prefill_wait", sent, first, {}, None))
+            last = ns(t.last_token) if t.last_token is not None else first
+            phases.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None))
+        return phases
+
+    def _child(self, ctx: Context, name: str, start: int, end: int, attrs: dict[str, object], status: Status | None) -> None:
+        """A phase child through the SDK's general path."""
+        child = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL, start_time=start)
+        if attrs:
+            child.set_attributes(attrs)  # type: ignore[arg-type]
+        if status is not None:
+            child.set_status(status)
+        child.end(end_time=end)
+
+    def _direct_children(self, root: Span, phases: list[tuple[str, int, int, dict[str, object], Status | None]]) -> None:
+        """The phase children as finished spans, exactly as Tracer.start_span + end would make them."""
+        tracer: SdkTracer = self.tracer  # type: ignore[assignment]
+        parent = root.get_span_context()
+        trace_id = parent.trace_id
+        sampler = tracer.sampler
+        if sampler is not self._sampler_seen:
+            self._sampler_seen = sampler
+            self._follows = _children_follow_root(sampler)
+        follows = self._follows and parent.trace_flags.sampled
+        ctx = trace.set_span_in_context(root) if not follows else _EMPTY_CONTEXT
+        new_span_id = tracer.id_generator.generate_span_id
+        on_end = tracer.span_processor.on_end
+        resource = root.resource  # type: ignore[attr-defined]
+        scope = root.instrumentation_scope  # type: ignore[attr-defined]
+        info = tracer.instrumentation_info
+        # A sampled child of a local parent: SAMPLED, plus the parent's random-trace-id flag.
+        flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))
+        trace_state = parent.trace_state
+        for name, start, end, attrs, status in phases:
+            if not follows:  # ask the sampler, as Tracer.start_span would
+                result = sampler.should_sample(ctx, trace_id, name, SpanKind.INTERNAL, None, ())
+                if result.attributes:  # a custom sampler's attributes: let the SDK merge and bound them
+                    self._child(ctx, name, start, end, attrs, status)
+                    continue
+                if not result.decision.is_sampled():
+                    new_span_id()  # the SDK gives an unsampled span an id too
+                    continue  # dropped, or recorded only: end-only processors export neither
+                trace_state = result.trace_state
+            span = ReadableSpan(
+                name,
+                context=SpanContext(trace_id, new_span_id(), False, flags, trace_state),
+                parent=parent,
+                resource=resource,
+                attributes=attrs,
+                kind=SpanKind.INTERNAL,
+                instrumentation_info=info,
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=scope,
+                **({} if status is None else {"status": status}),
+            )
+            on_end(span)

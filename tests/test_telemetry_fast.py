@@ -1,0 +1,392 @@
+"""Telemetry's fast paths export exactly what the SDK's general path exports.
+
+The phase children are handed to end-only processors as finished spans, W3C headers are read and
+written directly: each scenario is run through both paths and the exported spans (and their OTLP
+encoding) compared field by field; then the contract itself is pinned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
+from opentelemetry import baggage, context, propagate
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_OFF,
+    DEFAULT_ON,
+    Decision,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    SamplingResult,
+)
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from proxy.dialects import RequestInfo, Usage
+from proxy.telemetry import Telemetry
+from proxy.timing import PhaseClock, RequestRecord
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+T0 = 1000.0
+OFFSET = 1_700_000_000_000_000_000
+
+
+class CountingIds(RandomIdGenerator):
+    """Deterministic ids, still declared random (so the W3C random-trace-id flag is exercised)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def generate_span_id(self) -> int:
+        self.n += 1
+        return 0x1000 + self.n
+
+    def generate_trace_id(self) -> int:
+        self.n += 1
+        return 0xABC000 + self.n
+
+
+class Collect(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+class Tagging(Sampler):
+    """A custom sampler that adds an attribute: children must go through the SDK to get it."""
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):  # type: ignore[no-untyped-def]
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, {"sampler.tag": name})
+
+    def get_description(self) -> str:
+        return "Tagging"
+
+
+class DropPrefill(Sampler):
+    """A custom sampler with a per-name decision."""
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):  # type: ignore[no-untyped-def]
+        return SamplingResult(Decision.DROP if name == "prefill_wait" else Decision.RECORD_AND_SAMPLE)
+
+    def get_description(self) -> str:
+        return "DropPrefill"
+
+
+class Starts(SpanProcessor):
+    """A processor with an on_start hook: the children must be real SDK spans for it."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+
+    def on_start(self, span, parent_context=None) -> None:  # type: ignore[no-untyped-def]
+        self.started.append(span.name)
+
+
+def streamed(error_type: str = "", sent: bool = True, tokens: int = 5, connect: bool = False) -> RequestRecord:
+    p = PhaseClock(T0)
+    if connect:
+        p.reused, p.pool_wait, p.dns, p.connect = False, 0.0001, 0.002, 0.003
+    else:
+        p.reused = True
+    if sent:
+        p.sent(T0 + 0.001)
+        p.headers(T0 + 0.05)
+        p.body_bytes(T0 + 0.05)
+        for i in range(tokens):
+            p.token(T0 + 0.2 + i * 0.01)
+    timing = p.finish(T0 + 0.5, tokens if sent and tokens else None, streaming=True)
+    usage = Usage(12, tokens, 3, None) if sent else Usage()
+    return RequestRecord(
+        None, "chat_completions", "chat", "gpt-4o-mini", "gpt-4o-mini-2024-07-18" if sent else None, True, "POST",
+        "/v1/chat/completions", 200 if not error_type else 502, error_type, timing, usage, "reported" if sent else "none",
+        ("stop",) if sent else (), "chatcmpl-1" if sent else None,
+    )  # fmt: skip
+
+
+INFO = RequestInfo("chat_completions", "chat", "openai", "gpt-4o-mini", True, content='[{"role":"user"}]')
+
+
+def carrier(traceparent: bool = False, tracestate: bool = False, extra: dict[str, str] | None = None) -> CIMultiDictProxy[str]:
+    h = CIMultiDict({"Content-Type": "application/json", "Authorization": "Bearer sk-secret"})
+    if traceparent:
+        h["TraceParent"] = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"  # header names are case-insensitive
+    if tracestate:
+        h["tracestate"] = "vendor=abc,other=1"
+    h.update(extra or {})
+    return CIMultiDictProxy(h)
+
+
+def make(sampler: Sampler | None = None, processor: str = "simple", fast: bool = True, **kw: Any):  # type: ignore[no-untyped-def]
+    provider = TracerProvider(sampler=sampler, id_generator=CountingIds()) if sampler else TracerProvider(id_generator=CountingIds())
+    exporter = Collect()
+    provider.add_span_processor(BatchSpanProcessor(exporter) if processor == "batch" else SimpleSpanProcessor(exporter))
+    tel = Telemetry(provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", **kw)
+    tel._offset_ns = OFFSET
+    if not fast:  # the SDK's general path, as before the fast paths existed
+        tel._direct_ok = False
+        tel._w3c_textmap = lambda: False  # type: ignore[method-assign]
+    return provider, exporter, tel
+
+
+def run(tel: Telemetry, rec: RequestRecord, src: CIMultiDictProxy[str], query: str = "") -> CIMultiDict[str]:
+    headers = CIMultiDict(src)
+    span = tel.start(INFO, "POST", "/v1/chat/completions", query, src, T0)
+    tel.inject(span, headers)
+    tel.finish(span, rec, "tok0 tok1")
+    return headers
+
+
+def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
+    def ctx(c: Any) -> Any:
+        return None if c is None else (c.trace_id, c.span_id, c.is_remote, int(c.trace_flags), c.trace_state.to_header())
+
+    return (
+        span.name, ctx(span.context), ctx(span.parent), span.kind, dict(span.attributes or {}),
+        span.status.status_code, span.status.description, span.start_time, span.end_time,
+        dict(span.resource.attributes), span.instrumentation_scope, span.events, span.links,
+        span.dropped_attributes, span.dropped_events, span.dropped_links,
+    )  # fmt: skip
+
+
+SCENARIOS = {
+    "stream": (streamed(), carrier(), ""),
+    "stream-connect": (streamed(connect=True), carrier(), "api-version=1&key=secret"),
+    "client-traceparent": (streamed(), carrier(traceparent=True, tracestate=True), ""),
+    "no-tokens": (streamed(tokens=0), carrier(), ""),
+    "connect-error": (streamed(error_type="connect", sent=False), carrier(), ""),
+    "upstream-error": (streamed(error_type="upstream_5xx"), carrier(traceparent=True), ""),
+    "baggage-header": (streamed(), carrier(extra={"baggage": "k=v"}), ""),
+}
+SAMPLERS = {
+    "default": None,
+    "always_on": ALWAYS_ON,
+    "parentbased_on": DEFAULT_ON,
+    "parentbased_off": DEFAULT_OFF,
+    "ratio": ParentBasedTraceIdRatio(1.0),
+    "tagging": Tagging(),
+    "drop-prefill": DropPrefill(),
+}
+
+
+@pytest.mark.parametrize("processor", ["simple", "batch"])
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_fast_path_exports_what_the_sdk_path_exports(scenario: str, sampler: str, processor: str) -> None:
+    rec, src, query = SCENARIOS[scenario]
+    results = []
+    for fast in (True, False):
+        provider, exporter, tel = make(SAMPLERS[sampler], processor, fast, capture_content=True)
+        headers = run(tel, rec, src, query)
+        provider.force_flush()
+        results.append((exporter.spans, list(headers.items())))
+        provider.shutdown()
+    (fast_spans, fast_headers), (sdk_spans, sdk_headers) = results
+    assert fast_headers == sdk_headers
+    assert [snapshot(s) for s in fast_spans] == [snapshot(s) for s in sdk_spans]
+    assert encode_spans(fast_spans).SerializeToString() == encode_spans(sdk_spans).SerializeToString()
+    if SAMPLERS[sampler] is not DEFAULT_OFF or "traceparent" in src:
+        assert fast_spans, "the scenario exported nothing: it would prove nothing"
+
+
+@pytest.fixture
+def in_memory() -> Iterator[tuple[TracerProvider, InMemorySpanExporter, Telemetry]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tel = Telemetry(provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example")
+    yield provider, exporter, tel
+    provider.shutdown()
+
+
+def test_children_contract(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    _, exporter, tel = in_memory
+    assert tel._direct_ok  # the fast path is what this pins
+    t0 = time.perf_counter()
+    rec = streamed(connect=True)
+    src = carrier(traceparent=True)
+    headers = CIMultiDict(src)
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
+    tel.inject(span, headers)
+    assert tel.trace_id(span) == CLIENT_TRACE
+    tel.finish(span, rec)
+    assert tel._direct and tel._follows  # the children were made directly
+    network, prefill, decode, root = exporter.get_finished_spans()
+    assert [s.name for s in (network, prefill, decode, root)] == ["network", "prefill_wait", "decode", "chat gpt-4o-mini"]
+    assert root.kind == SpanKind.CLIENT and format(root.parent.span_id, "016x") == CLIENT_SPAN
+    assert format(root.context.trace_id, "032x") == CLIENT_TRACE
+    assert headers.getall("traceparent") == [f"00-{CLIENT_TRACE}-{root.context.span_id:016x}-{int(root.context.trace_flags):02x}"]
+    for child in (network, prefill, decode):
+        assert child.kind == SpanKind.INTERNAL
+        assert child.parent == root.context and child.context.trace_id == root.context.trace_id
+        assert child.context.trace_flags == root.context.trace_flags and child.context.trace_flags.sampled
+        assert child.resource is root.resource and child.instrumentation_scope == root.instrumentation_scope
+        assert child.status.status_code == StatusCode.UNSET
+    assert len({s.context.span_id for s in (network, prefill, decode, root)}) == 4
+    t, ns = rec.timing, tel._ns
+    assert (network.start_time, network.end_time) == (ns(t.start), ns(t.sent)) == (root.start_time, prefill.start_time)
+    assert (prefill.end_time, decode.start_time, decode.end_time, root.end_time) == (ns(t.first_token), ns(t.first_token), ns(t.last_token), ns(t.end))
+    assert dict(network.attributes) == {"taotrace.connection.reused": False, "taotrace.pool_wait": 0.0001, "taotrace.dns": 0.002, "taotrace.connect": 0.003}
+    assert dict(prefill.attributes) == {}
+    assert dict(decode.attributes) == {"taotrace.token_events": 5}
+    assert "gen_ai.input.messages" not in root.attributes and "gen_ai.output.messages" not in root.attributes
+    assert abs(root.start_time - time.time_ns() + (time.perf_counter() - t0) * 1e9 - (T0 - t0) * 1e9) < 5e7  # wall clock
+
+
+def test_network_failure_marks_the_network_child(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    _, exporter, tel = in_memory
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
+    tel.finish(span, streamed(error_type="connect", sent=False))
+    network, root = exporter.get_finished_spans()
+    assert network.name == "network" and network.status.status_code == StatusCode.ERROR and network.status.description == "connect"
+    assert network.end_time == root.end_time
+    assert root.status.status_code == StatusCode.ERROR and root.attributes["error.type"] == "connect"
+
+
+def test_sampled_off_injects_flags_00_and_exports_nothing() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tel = Telemetry(provider, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    headers: CIMultiDict[str] = CIMultiDict()
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
+    tel.inject(span, headers)
+    version, trace_id, span_id, flags = headers["traceparent"].split("-")
+    assert version == "00" and int(trace_id, 16) and int(span_id, 16)
+    assert int(flags, 16) & 0x01 == 0  # not sampled (0x02 is W3C's random-trace-id flag, set by newer SDKs)
+    assert tel.trace_id(span) is None
+    tel.finish(span, streamed())
+    assert exporter.get_finished_spans() == ()
+
+
+def test_unsampled_client_parent_is_respected(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    _, exporter, tel = in_memory
+    src = CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"}))
+    headers: CIMultiDict[str] = CIMultiDict(src)
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
+    tel.inject(span, headers)
+    assert headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-") and int(headers["traceparent"][-2:], 16) & 0x01 == 0
+    assert CLIENT_SPAN not in headers["traceparent"]
+    assert tel.trace_id(span) is None
+    tel.finish(span, streamed())
+    assert exporter.get_finished_spans() == ()
+
+
+def test_tracestate_is_continued_to_children_and_upstream(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    _, exporter, tel = in_memory
+    src = carrier(traceparent=True, tracestate=True)
+    headers = CIMultiDict(src)
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
+    tel.inject(span, headers)
+    tel.finish(span, streamed())
+    assert headers.getall("tracestate") == ["vendor=abc,other=1"]
+    assert {s.context.trace_state.to_header() for s in exporter.get_finished_spans()} == {"vendor=abc,other=1"}
+
+
+def test_invalid_span_is_accepted(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    """forward.py falls back to INVALID_SPAN when start() raises."""
+    _, exporter, tel = in_memory
+    headers = CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+    tel.inject(INVALID_SPAN, headers)
+    assert headers.getall("traceparent") == [f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"]  # untouched, as before
+    assert tel.trace_id(INVALID_SPAN) is None
+    tel.finish(INVALID_SPAN, streamed())
+    assert exporter.get_finished_spans() == ()
+
+
+def test_processor_with_on_start_gets_sdk_children() -> None:
+    starts, exporter = Starts(), InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(starts)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tel = Telemetry(provider, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel.finish(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
+    assert starts.started == ["chat gpt-4o-mini", "network", "prefill_wait", "decode"]
+    assert [s.name for s in exporter.get_finished_spans()] == ["network", "prefill_wait", "decode", "chat gpt-4o-mini"]
+
+
+def test_processor_added_later_is_noticed() -> None:
+    provider = TracerProvider()
+    tel = Telemetry(provider, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel.finish(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())  # no processors at all
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tel.finish(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
+    assert [s.name for s in exporter.get_finished_spans()] == ["network", "prefill_wait", "decode", "chat gpt-4o-mini"]
+    assert exporter.get_finished_spans()[-1].attributes["gen_ai.usage.output_tokens"] == 5
+
+
+def test_other_propagators_keep_the_general_path(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    """With OTEL_PROPAGATORS naming something else, its headers are honoured (not just traceparent)."""
+
+    class Single(TraceContextTextMapPropagator):  # a subclass: not the known W3C propagator
+        def extract(self, carrier, context=None, getter=None):  # type: ignore[no-untyped-def,override]
+            value = carrier.get("x-single")
+            return super().extract({"traceparent": value} if value else {}, context)
+
+    _, _, tel = in_memory
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([Single()]))
+    try:
+        src = CIMultiDictProxy(CIMultiDict({"x-single": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}))
+        span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
+        assert tel.trace_id(span) == CLIENT_TRACE
+        tel.finish(span, streamed())
+    finally:
+        propagate.set_global_textmap(before)
+    assert tel.trace_id(tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)) != CLIENT_TRACE
+
+
+def test_baggage_in_the_current_context_is_still_injected(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    _, _, tel = in_memory
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
+    headers: CIMultiDict[str] = CIMultiDict()
+    token = context.attach(baggage.set_baggage("tenant", "t1"))
+    try:
+        tel.inject(span, headers)
+    finally:
+        context.detach(token)
+    assert headers["baggage"] == "tenant=t1"
+    assert headers["traceparent"].split("-")[2] == format(span.get_span_context().span_id, "016x")
+
+
+def test_inject_never_raises(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+    _, _, tel = in_memory
+
+    class Broken(dict):  # type: ignore[type-arg]
+        def __setitem__(self, key: str, value: str) -> None:
+            raise RuntimeError("no")
+
+    tel.inject(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), Broken())
+
+
+def test_client_baggage_reaches_the_sampler() -> None:
+    """A baggage header alone (no traceparent) is still extracted: samplers may read it."""
+    seen: list[dict[str, object]] = []
+
+    class Peek(Sampler):
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):  # type: ignore[no-untyped-def]
+            seen.append(dict(baggage.get_all(parent_context)))
+            return ALWAYS_ON.should_sample(parent_context, trace_id, name, kind, attributes, links)
+
+        def get_description(self) -> str:
+            return "Peek"
+
+    tel = Telemetry(TracerProvider(sampler=Peek()), upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(extra={"baggage": "tenant=t1"}), T0)
+    tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
+    assert seen == [{"tenant": "t1"}, {}]
