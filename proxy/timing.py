@@ -38,7 +38,7 @@ class RequestTiming:
     connection_reused: bool | None
     pool_wait: float | None = None  # waiting for a free pooled connection
     dns: float | None = None
-    connect: float | None = None  # TCP connect plus TLS handshake (aiohttp reports them as one)
+    connect: float | None = None  # TCP connect plus TLS handshake, timed as one step
 
 
 @dataclass(frozen=True, slots=True)
