@@ -40,6 +40,7 @@ Sink = Callable[[bytes], bool]  # returns True when the client's buffer is full:
 
 HEAD_LIMIT = 64 * 1024  # response status line + headers; more is a broken upstream
 FIELD_LIMIT = 16 * 1024  # one header line
+PENDING_LIMIT = 256 * 1024  # body read before the relay attaches; more waits in the socket
 DNS_TTL = 60.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "DELETE", "CONNECT"})
@@ -86,6 +87,7 @@ class _Connection(asyncio.Protocol):
         self.head_waiter: asyncio.Future[None] | None = None
         self.body_waiter: asyncio.Future[None] | None = None
         self.pending: list[bytes] = []  # body read before the relay was attached
+        self.pending_bytes = 0
         self.sink: Sink | None = None
         self.paused = False
         self.last_read = 0.0
@@ -124,6 +126,9 @@ class _Connection(asyncio.Protocol):
             sink = self.sink
             if sink is None:
                 self.pending.append(chunk)
+                self.pending_bytes += len(chunk)
+                if self.pending_bytes > PENDING_LIMIT:
+                    self.pause()  # the relay is not attached yet: hold the rest in the kernel
             else:
                 try:
                     if sink(chunk):
@@ -323,7 +328,7 @@ class UpstreamResponse:
         `drained()` returns (the client caught up).
         """
         conn = self._conn
-        pending, conn.pending = conn.pending, []
+        pending, conn.pending, conn.pending_bytes = conn.pending, [], 0
         for chunk in pending:
             if sink(chunk):
                 conn.pause()

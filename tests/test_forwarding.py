@@ -132,3 +132,40 @@ async def test_chunks_are_not_coalesced(proxy: Proxied, client: aiohttp.ClientSe
     # 50 ms apart upstream: each frame must reach the client on its own, not batched
     assert len(arrivals) >= len(frames) - 1
     assert b"".join(arrivals) == b"".join(frames)
+
+
+async def test_a_slow_client_slows_the_upstream_instead_of_filling_the_proxy(proxy: Proxied) -> None:
+    total = 48 << 20  # well past the kernel's loopback socket buffers on both sides
+    block = bytes(range(256)) * 256
+    finished: list[float] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        for _ in range(total // len(block)):
+            await resp.write(block)
+        await resp.write_eof()
+        finished.append(asyncio.get_running_loop().time())
+        return resp
+
+    proxy.serve(handler)
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(proxy.url.rsplit(":", 1)[1]))
+    writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(1.0)  # the client reads nothing for a second
+    resumed = asyncio.get_running_loop().time()
+    assert not finished, "the upstream finished while the client read nothing: the proxy buffered it all"
+    digest = hashlib.sha256()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    got = 0
+    while True:  # chunked framing: size line, data, CRLF
+        size = int((await reader.readuntil(b"\r\n"))[:-2], 16)
+        data = await reader.readexactly(size + 2)
+        if size == 0:
+            break
+        digest.update(data[:-2])
+        got += size
+    writer.close()
+    assert got == total and digest.hexdigest() == hashlib.sha256(block * (total // len(block))).hexdigest()
+    assert finished and finished[0] > resumed

@@ -404,3 +404,34 @@ async def test_https_upstream_is_verified_and_named(tmp_path: object) -> None:
         await untrusted.close()
     finally:
         await runner.cleanup()
+
+
+async def test_body_arriving_before_the_relay_attaches_is_bounded() -> None:
+    total = 4 << 20
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        for _ in range(total // 65536):
+            writer.write(b"y" * 65536)
+            await writer.drain()
+        await reader.read()
+
+    async with Raw(script) as srv, pool_for(srv.port) as pool:
+        resp = await pool.request("GET", "/big", [], b"", PhaseClock(0.0))
+        await asyncio.sleep(0.3)  # a handler slow to attach: the upstream keeps sending meanwhile
+        held = sum(len(c) for c in resp._conn.pending)  # noqa: SLF001 - the bound under test
+        assert held <= (256 + 256) * 1024
+        got = 0
+
+        def sink(chunk: bytes) -> bool:
+            nonlocal got
+            got += len(chunk)
+            return False
+
+        async def drained() -> None:
+            return None
+
+        await asyncio.wait_for(resp.relay(sink, drained), 10)
+        resp.close()
+        assert got == total
