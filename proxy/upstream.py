@@ -181,8 +181,8 @@ class _Connection(asyncio.Protocol):
             raise _broken(f"sent a header line over {FIELD_LIMIT} bytes")
         key = name.decode("ascii", "surrogateescape")
         lower = key.lower()
-        if lower in ("content-length", "transfer-encoding"):
-            self.framed = True
+        if lower == "content-length" or (lower == "transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True  # otherwise the body runs to the end of the connection (RFC 9112 §6.3)
         self.headers.append((key, value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
