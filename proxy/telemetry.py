@@ -24,7 +24,17 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
-from opentelemetry.trace import INVALID_SPAN_CONTEXT, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
+from opentelemetry.util import types
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy import __version__
@@ -114,6 +124,9 @@ _NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpa
 _NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
 _MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
+_MAX_ROOT_ATTRIBUTES = 32  # the root has at most 29 (11 at start, 18 at the end)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 def _is_w3c_textmap(propagator: object) -> bool:
@@ -156,6 +169,95 @@ def _sdk_internal_metrics_enabled() -> bool:
     return os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
 
 
+class _Root(Span):
+    """The request's root span when Telemetry builds it directly (see Telemetry._direct_root).
+
+    Holds what Tracer.start_span's `_Span` would hold, as a plain dict of attributes (Telemetry
+    only sets valid values; lists become tuples as BoundedAttributes makes them), and on `end`
+    hands the processors the same `ReadableSpan` the SDK would. It lives on the event loop only,
+    so it needs no lock. Telemetry never adds events or links to the root: `add_event`,
+    `add_link` and `record_exception` are accepted and ignored.
+    """
+
+    __slots__ = ("_tracer", "_name", "_context", "_parent", "_attributes", "_start", "_status", "_ended", "_resource", "_scope")
+
+    def __init__(self, tracer: SdkTracer, name: str, context: SpanContext, parent: SpanContext | None, attributes: dict[str, object], start: int) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._attributes = attributes
+        self._start = start
+        self._status = _UNSET
+        self._ended = False
+        self._resource = tracer.resource  # what the SDK span takes at start
+        self._scope = tracer._instrumentation_scope  # noqa: SLF001 - checked in Telemetry.__init__
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        if self._ended:
+            return
+        mine = self._attributes
+        for key, value in attributes.items():
+            mine.pop(key, None)  # a key set again moves to the end, as in BoundedAttributes
+            mine[key] = tuple(value) if isinstance(value, list) else value
+
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        self.set_attributes({key: value})
+
+    def update_name(self, name: str) -> None:
+        if not self._ended:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # Tracer's _Span.set_status: OK is final, UNSET is ignored.
+        if self._ended or self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self._status = status
+        elif status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        pass  # never used by Telemetry (see the class docstring)
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        pass
+
+    def record_exception(self, exception: BaseException, attributes: types.Attributes = None, timestamp: int | None = None, escaped: bool = False) -> None:
+        pass
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        tracer = self._tracer
+        tracer.span_processor.on_end(
+            ReadableSpan(
+                self._name,
+                context=self._context,
+                parent=self._parent,
+                resource=self._resource,
+                attributes=self._attributes,
+                kind=SpanKind.CLIENT,
+                instrumentation_info=tracer.instrumentation_info,
+                status=self._status,
+                start_time=self._start,
+                end_time=end_time if end_time is not None else time.time_ns(),
+                instrumentation_scope=self._scope,
+            )
+        )
+
+
+_UNSET = Status(StatusCode.UNSET)
+
+
 class Telemetry:
     """Starts and ends the spans of each request on a tracer from the given provider.
 
@@ -191,6 +293,16 @@ class Telemetry:
             and all(hasattr(tracer, a) for a in ("sampler", "id_generator", "span_processor"))
             and (max_attrs is None or max_attrs >= _MAX_CHILD_ATTRIBUTES)
             and not _sdk_internal_metrics_enabled()  # the SDK would count each child span
+        )
+        # The root too, when its attributes need no bounding (no count or length limit can bite)
+        # and the SDK pieces it copies are where this version keeps them.
+        self._root_ok = (
+            self._direct_ok
+            and (max_attrs is None or max_attrs >= _MAX_ROOT_ATTRIBUTES)
+            and getattr(limits, "max_span_attribute_length", 0) is None
+            and all(hasattr(tracer, a) for a in ("resource", "instrumentation_info", "_instrumentation_scope"))
+            and hasattr(tracer.id_generator, "is_trace_id_random")
+            and hasattr(TraceFlags, "random_trace_id")
         )
         self._processors_seen: object = None
         self._sampler_seen: object = None
@@ -234,9 +346,48 @@ class Telemetry:
             context = _EMPTY_CONTEXT
         else:
             context = extract(carrier)
+        if self._root_ok:
+            self._processors()
+            if self._direct and self._sampler_follows():
+                return self._direct_root(name, context, attributes, self._ns(t0))
         return self.tracer.start_span(
             name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=self._ns(t0)
         )
+
+    def _sampler_follows(self) -> bool:
+        sampler = self.tracer.sampler  # type: ignore[attr-defined]
+        if sampler is not self._sampler_seen:
+            self._sampler_seen = sampler
+            self._follows = _children_follow_root(sampler)
+        return self._follows
+
+    def _direct_root(self, name: str, context: Context, attributes: dict[str, object], start: int) -> Span:
+        """Tracer.start_span's steps, in its order (ids, sampler), without a live SDK span.
+
+        Only for the built-in samplers (whose result carries exactly the attributes given) and
+        end-only processors (nothing to call at start).
+        """
+        tracer: SdkTracer = self.tracer  # type: ignore[assignment]
+        enabled = getattr(tracer, "_is_enabled", None)  # a tracer configurator may disable it
+        if enabled is not None and not enabled():
+            return tracer.start_span(name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=start)
+        ids = tracer.id_generator
+        parent: SpanContext | None = trace.get_current_span(context).get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = ids.generate_trace_id()
+            random_trace_id = ids.is_trace_id_random()
+        else:
+            trace_id = parent.trace_id
+            random_trace_id = parent.trace_flags.random_trace_id
+        result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.CLIENT, attributes, ())
+        flags = _SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED
+        if random_trace_id:
+            flags = TraceFlags(flags | _RANDOM_TRACE_ID)
+        span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
+        if not result.decision.is_recording():
+            return NonRecordingSpan(span_context)
+        return _Root(tracer, name, span_context, parent, attributes, start)
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
         """Put our span's context in the upstream headers, replacing the client's `traceparent`."""
@@ -294,8 +445,8 @@ class Telemetry:
         ):
             if value is not None:
                 attrs[key] = value
-        if rec.finish_reasons:
-            attrs["gen_ai.response.finish_reasons"] = list(rec.finish_reasons)
+        if rec.finish_reasons:  # a tuple: what the SDK's BoundedAttributes would store for a list
+            attrs["gen_ai.response.finish_reasons"] = tuple(rec.finish_reasons)
         if rec.stream:
             attrs["taotrace.usage_source"] = rec.usage_source
             attrs["taotrace.token_events"] = t.token_events
@@ -304,7 +455,10 @@ class Telemetry:
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             span.set_status(Status(StatusCode.ERROR, rec.error_type))
-        span.set_attributes(attrs)  # type: ignore[arg-type]
+        if type(span) is _Root:
+            span._attributes.update(attrs)  # noqa: SLF001 - valid values, no key set at start
+        else:
+            span.set_attributes(attrs)  # type: ignore[arg-type]
         phases = self._phases(rec)
         if self._direct:
             self._direct_children(span, phases)
@@ -352,15 +506,15 @@ class Telemetry:
         parent = root.get_span_context()
         trace_id = parent.trace_id
         sampler = tracer.sampler
-        if sampler is not self._sampler_seen:
-            self._sampler_seen = sampler
-            self._follows = _children_follow_root(sampler)
-        follows = self._follows and parent.trace_flags.sampled
+        follows = self._sampler_follows() and parent.trace_flags.sampled
         ctx = trace.set_span_in_context(root) if not follows else _EMPTY_CONTEXT
         new_span_id = tracer.id_generator.generate_span_id
         on_end = tracer.span_processor.on_end
-        resource = root.resource  # type: ignore[attr-defined]
-        scope = root.instrumentation_scope  # type: ignore[attr-defined]
+        if type(root) is _Root:
+            resource, scope = root._resource, root._scope  # noqa: SLF001
+        else:
+            resource = root.resource  # type: ignore[attr-defined]
+            scope = root.instrumentation_scope  # type: ignore[attr-defined]
         info = tracer.instrumentation_info
         # A sampled child of a local parent: SAMPLED, plus the parent's random-trace-id flag.
         flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace.sampling import (
     ParentBasedTraceIdRatio,
     Sampler,
     SamplingResult,
+    TraceIdRatioBased,
 )
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -138,7 +139,7 @@ def make(sampler: Sampler | None = None, processor: str = "simple", fast: bool =
     tel = Telemetry(provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", **kw)
     tel._offset_ns = OFFSET
     if not fast:  # the SDK's general path, as before the fast paths existed
-        tel._direct_ok = False
+        tel._direct_ok = tel._root_ok = False
         tel._w3c_textmap = lambda: False  # type: ignore[method-assign]
     return provider, exporter, tel
 
@@ -171,6 +172,9 @@ SCENARIOS = {
     "connect-error": (streamed(error_type="connect", sent=False), carrier(), ""),
     "upstream-error": (streamed(error_type="upstream_5xx"), carrier(traceparent=True), ""),
     "baggage-header": (streamed(), carrier(extra={"baggage": "k=v"}), ""),
+    "unsampled-client": (streamed(), CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})), ""),
+    "client-random-flag": (streamed(), CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-03"})), ""),
+    "not-streamed": (streamed(tokens=0, sent=True), carrier(), "a=1"),
 }
 SAMPLERS = {
     "default": None,
@@ -178,6 +182,10 @@ SAMPLERS = {
     "parentbased_on": DEFAULT_ON,
     "parentbased_off": DEFAULT_OFF,
     "ratio": ParentBasedTraceIdRatio(1.0),
+    "ratio-0": ParentBasedTraceIdRatio(0.0),
+    "traceidratio-half": TraceIdRatioBased(0.5),
+    "traceidratio-0": TraceIdRatioBased(0.0),
+    "always_off": ALWAYS_OFF,
     "tagging": Tagging(),
     "drop-prefill": DropPrefill(),
 }
@@ -199,8 +207,100 @@ def test_fast_path_exports_what_the_sdk_path_exports(scenario: str, sampler: str
     assert fast_headers == sdk_headers
     assert [snapshot(s) for s in fast_spans] == [snapshot(s) for s in sdk_spans]
     assert encode_spans(fast_spans).SerializeToString() == encode_spans(sdk_spans).SerializeToString()
-    if SAMPLERS[sampler] is not DEFAULT_OFF or "traceparent" in src:
-        assert fast_spans, "the scenario exported nothing: it would prove nothing"
+    parent_based = sampler in ("default", "parentbased_on", "parentbased_off", "ratio", "ratio-0")
+    exports = sampler not in ("always_off", "traceidratio-0") and not (parent_based and scenario == "unsampled-client")
+    if sampler in ("parentbased_off", "ratio-0"):
+        exports = exports and "traceparent" in src
+    if sampler == "traceidratio-half":  # the client's trace id is above the ratio's bound, ours below
+        exports = exports and "traceparent" not in src
+    assert bool(fast_spans) == exports, "a scenario that exports nothing proves little: expected spans"
+
+
+ROOT_FAST_SAMPLERS = ("default", "always_on", "parentbased_on", "parentbased_off", "ratio", "traceidratio-half")
+
+
+@pytest.mark.parametrize("sampler", ROOT_FAST_SAMPLERS)
+def test_root_is_built_directly_for_built_in_samplers(sampler: str) -> None:
+    _, _, tel = make(SAMPLERS[sampler], "batch")
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(traceparent=sampler != "traceidratio-half"), T0)
+    assert type(span).__name__ == "_Root"
+    tel.finish(span, streamed())
+    assert not span.is_recording()
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"OTEL_TRACES_SAMPLER": "always_on"},
+        {"OTEL_TRACES_SAMPLER": "always_off"},
+        {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
+        {"OTEL_TRACES_SAMPLER": "parentbased_always_off"},
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"},
+        {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "8"},  # the root must be bounded by the SDK
+        {"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "10"},
+        {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "5"},
+    ],
+)
+@pytest.mark.parametrize("traceparent", [False, True])
+def test_env_configured_providers_export_the_same(env: dict[str, str], traceparent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    results = []
+    for fast in (True, False):
+        exporter = Collect()
+        provider = TracerProvider(id_generator=CountingIds())  # sampler and limits from the environment
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tel = Telemetry(provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", capture_content=True)
+        tel._offset_ns = OFFSET
+        if not fast:
+            tel._direct_ok = tel._root_ok = False
+            tel._w3c_textmap = lambda: False  # type: ignore[method-assign]
+        headers = run(tel, streamed(), carrier(traceparent=traceparent, tracestate=traceparent))
+        results.append((exporter.spans, list(headers.items())))
+        provider.shutdown()
+    (fast_spans, fast_headers), (sdk_spans, sdk_headers) = results
+    assert fast_headers == sdk_headers
+    assert [snapshot(s) for s in fast_spans] == [snapshot(s) for s in sdk_spans]
+    assert encode_spans(fast_spans).SerializeToString() == encode_spans(sdk_spans).SerializeToString()
+
+
+def test_limited_attributes_keep_the_sdk_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "8")
+    _, exporter, tel = make()
+    assert not tel._root_ok
+    tel.finish(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
+    assert exporter.spans[-1].attributes["url.full"] == "https://"
+
+
+def test_disabled_tracer_gives_a_non_recording_root() -> None:
+    from opentelemetry.sdk.trace import _TracerConfig
+
+    provider, exporter, tel = make()
+    provider._set_tracer_configurator(tracer_configurator=lambda scope: _TracerConfig(is_enabled=False))
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
+    assert not span.is_recording() and tel.trace_id(span) is None
+    tel.finish(span, streamed())
+    assert exporter.spans == []
+
+
+def test_direct_root_behaves_like_a_span() -> None:
+    provider, exporter, tel = make()
+    span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
+    assert type(span).__name__ == "_Root"
+    span.set_attribute("url.path", "/moved")  # an existing key moves to the end, as in the SDK
+    span.set_attributes({"x.list": ["a", "b"]})
+    span.update_name("renamed")
+    span.set_status(StatusCode.OK)
+    span.set_status(StatusCode.ERROR, "ignored after OK")
+    span.add_event("ignored")
+    span.end(end_time=OFFSET + 5)
+    span.end(end_time=OFFSET + 9)  # a second end changes nothing
+    span.set_attribute("late", 1)
+    (root,) = exporter.spans
+    assert root.name == "renamed" and root.end_time == OFFSET + 5 and root.status.status_code == StatusCode.OK
+    assert list(root.attributes)[-2:] == ["url.path", "x.list"] and root.attributes["x.list"] == ("a", "b")
+    assert "late" not in root.attributes and root.events == () and root.kind == SpanKind.CLIENT
 
 
 @pytest.fixture
