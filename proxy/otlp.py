@@ -285,7 +285,12 @@ def http_exporter(endpoint: str) -> Any:
             if not self._fast or self._shutdown:
                 return super().export(spans)
             with self._metrics.export_operation(len(spans)) as result:
-                serialized_data = encode_spans(spans)  # falls back to the library encoder itself
+                try:
+                    serialized_data = encode_spans(spans)  # falls back to the library encoder itself
+                except Exception as error:  # as the library's export: a failed batch, never a raise
+                    http._logger.error("Failed to encode span batch: %s", error)
+                    result.error = error
+                    return SpanExportResult.FAILURE
                 if _is_request_too_large(serialized_data, self._max_request_size):
                     http._logger.warning(
                         "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.",

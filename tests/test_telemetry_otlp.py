@@ -263,3 +263,10 @@ def test_grpc_exporter_translates_to_the_library_message() -> None:
     for spans in VARIANTS.values():
         assert exporter._translate_data(spans) == library_encode_spans(spans)
     provider.shutdown()
+
+
+def test_http_exporter_reports_an_unencodable_batch_as_failed(collector: str) -> None:
+    provider, exporter = _exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector})
+    assert exporter.export([object()]) == SpanExportResult.FAILURE  # not a span: neither encoder copes
+    assert _Collector.bodies == []
+    provider.shutdown()
