@@ -173,6 +173,15 @@ def test_proxy_spans_equal_the_library() -> None:
         provider.shutdown()
 
 
+def test_pause_lets_other_threads_in_without_changing_the_bytes() -> None:
+    """The exporters' pause (GIL release) runs every PAUSE_EVERY spans; the output is the same."""
+    spans = [span(attributes={"n": i}) for i in range(3 * otlp.PAUSE_EVERY + 1)]
+    calls: list[int] = []
+    ours = otlp.encode_spans(spans, lambda: calls.append(1))
+    assert len(calls) == 3
+    assert ours == otlp.encode_spans(spans) == library_encode_spans(spans).SerializePartialToString()
+
+
 def test_repeated_values_stay_correct_across_many_batches() -> None:
     """The attribute cache (bounded) never mixes values of equal hash (True vs 1, 1 vs 1.0), nor fields."""
     otlp.encode_spans(VARIANTS["scope-attributes"])  # {"n": 1} cached as a scope attribute
