@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from proxy.client import Call, auth_headers, request_for
+from proxy.tools.client import Call, auth_headers, request_for
 
 APIS = ("chat_completions", "completions", "responses", "messages")
 MODELS = ("gpt-4o-mini", "gpt-4o", "o3-mini")
@@ -168,22 +168,42 @@ async def run(args: argparse.Namespace) -> Counter[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--base-url", default=env("LOADGEN_BASE_URL", "http://localhost:8787"),
-                   help="the proxy (requests go to BASE/v1/...)")
+    p.add_argument(
+        "--base-url",
+        default=env("LOADGEN_BASE_URL", "http://localhost:8787"),
+        help="the proxy (requests go to BASE/v1/...)",
+    )
     p.add_argument("--concurrency", type=int, default=int(env("LOADGEN_CONCURRENCY", "4")))
-    p.add_argument("--duration", type=float, default=float(env("LOADGEN_DURATION", "0")),
-                   help="seconds to run; 0 = until stopped")
-    p.add_argument("--requests", type=int, default=int(env("LOADGEN_REQUESTS", "0")),
-                   help="stop after this many requests; 0 = no limit")
-    p.add_argument("--pause", type=float, default=float(env("LOADGEN_PAUSE", "0.5")),
-                   help="mean seconds a worker waits between requests")
-    p.add_argument("--error-share", type=float, default=float(env("LOADGEN_ERROR_SHARE", "0.05")),
-                   help="share of requests that ask the simulator for a failure or name no model")
+    p.add_argument(
+        "--duration", type=float, default=float(env("LOADGEN_DURATION", "0")), help="seconds to run; 0 = until stopped"
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=int(env("LOADGEN_REQUESTS", "0")),
+        help="stop after this many requests; 0 = no limit",
+    )
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=float(env("LOADGEN_PAUSE", "0.5")),
+        help="mean seconds a worker waits between requests",
+    )
+    p.add_argument(
+        "--error-share",
+        type=float,
+        default=float(env("LOADGEN_ERROR_SHARE", "0.05")),
+        help="share of requests that ask the simulator for a failure or name no model",
+    )
     p.add_argument("--read-timeout", type=float, default=float(env("LOADGEN_READ_TIMEOUT", "60")))
     p.add_argument("--api-key", default=env("LOADGEN_API_KEY", "sk-demo"))
     p.add_argument("--seed", type=int, default=int(env("LOADGEN_SEED", "7")))
-    p.add_argument("--report-every", type=float, default=float(env("LOADGEN_REPORT_EVERY", "60")),
-                   help="seconds between progress lines; 0 = only the final summary")
+    p.add_argument(
+        "--report-every",
+        type=float,
+        default=float(env("LOADGEN_REPORT_EVERY", "60")),
+        help="seconds between progress lines; 0 = only the final summary",
+    )
     return p.parse_args(argv)
 
 

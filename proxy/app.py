@@ -19,9 +19,9 @@ from prometheus_client.exposition import choose_encoder
 from yarl import URL
 
 from proxy.forward import Forwarder, Observer
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.settings import Settings
-from proxy.telemetry import Telemetry
+from proxy.telemetry.spans import Telemetry
 from proxy.upstream import UpstreamPool
 
 __all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_pool", "upstream_url"]

@@ -31,9 +31,11 @@ class Command:
 
 COMMANDS: tuple[Command, ...] = (
     Command("serve", "run the proxy", "proxy.serve", "Settings"),
-    Command("demo", "simulated upstream + proxy + the three experiments", "proxy.demo", "DemoSettings"),
-    Command("probe", "client-side TTFT / TPOT / tokens/s of a streaming call", "proxy.probe", "ProbeSettings"),
-    Command("doctor", "check key -> network -> auth -> model -> stream parsing", "proxy.doctor", "DoctorSettings"),
+    Command("demo", "simulated upstream + proxy + the three experiments", "proxy.tools.demo", "DemoSettings"),
+    Command("probe", "client-side TTFT / TPOT / tokens/s of a streaming call", "proxy.tools.probe", "ProbeSettings"),
+    Command(
+        "doctor", "check key -> network -> auth -> model -> stream parsing", "proxy.tools.doctor", "DoctorSettings"
+    ),
     Command("sim", "the simulated upstream alone", "proxy.sim", "SimSettings"),
 )
 

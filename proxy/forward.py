@@ -22,9 +22,9 @@ from opentelemetry.trace import INVALID_SPAN
 from proxy.dialects import API_OTHER, StreamReader, Usage, api_for_path, inspect_request, read_body, reader_for
 from proxy.errors import BadTarget, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.sse import SSEDecoder
-from proxy.telemetry import Telemetry
+from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
 from proxy.upstream import BodyFailure, UpstreamPool, UpstreamResponse
 

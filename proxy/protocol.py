@@ -37,7 +37,11 @@ def refusal_for(exc: BaseException | None) -> ProxyError:
         head = message.split(":\n", 1)[0].strip()
         if _SAFE_REASON.fullmatch(head):
             reason = head
-    text = f"malformed HTTP request ({reason}); nothing was forwarded" if reason else "malformed HTTP request; nothing was forwarded"
+    text = (
+        f"malformed HTTP request ({reason}); nothing was forwarded"
+        if reason
+        else "malformed HTTP request; nothing was forwarded"
+    )
     return MalformedRequest(text)
 
 

@@ -19,13 +19,13 @@ from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
-from proxy.accesslog import AccessLog
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
 from proxy.lifecycle import run_loop, stop_signalled
-from proxy.metrics import Metrics, ModelLabels
 from proxy.protocol import GuardedAppRunner
 from proxy.settings import Settings
-from proxy.telemetry import Telemetry, build_tracer_provider, shutdown_tracer_provider
+from proxy.telemetry.accesslog import AccessLog
+from proxy.telemetry.metrics import Metrics, ModelLabels
+from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
 
 __all__ = ["Running", "Settings", "run", "running"]

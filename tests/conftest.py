@@ -60,7 +60,9 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 class Proxied:
     """A running proxy in front of `upstream`, with what it recorded."""
 
-    def __init__(self, srv: Running, upstream: FakeUpstream, records: list[RequestRecord], exporter: InMemorySpanExporter) -> None:
+    def __init__(
+        self, srv: Running, upstream: FakeUpstream, records: list[RequestRecord], exporter: InMemorySpanExporter
+    ) -> None:
         self.srv = srv
         self.url = srv.proxy_url
         self.metrics_url = srv.metrics_url
@@ -91,7 +93,9 @@ def start_proxy(
         settings = Settings(
             **{"upstream": upstream.url, "port": 0, "metrics_port": 0, "drain_seconds": 1.0, **overrides}
         )
-        async with running(settings, on_record=records.append, tracer_provider=tracer_provider, registry=registry) as srv:
+        async with running(
+            settings, on_record=records.append, tracer_provider=tracer_provider, registry=registry
+        ) as srv:
             yield Proxied(srv, upstream, records, exporter)
 
     return factory

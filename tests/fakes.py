@@ -105,7 +105,9 @@ def json_handler(obj: object, status: int = 200, headers: dict[str, str] | None 
     return handler
 
 
-def chat_chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None, **delta: object) -> dict:
+def chat_chunk(
+    content: str | None = None, *, role: str | None = None, finish: str | None = None, **delta: object
+) -> dict:
     d: dict[str, object] = dict(delta)
     if role is not None:
         d["role"] = role

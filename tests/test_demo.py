@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from proxy.demo import DemoSettings, demo
 from proxy.sim import SimSettings, running
+from proxy.tools.demo import DemoSettings, demo
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_KEYS = {

@@ -85,7 +85,7 @@ def chunk(**delta: object) -> dict:
         ({"reasoning": "think"}, True),
         ({"refusal": "no"}, True),
         ({"tool_calls": [{"index": 0, "id": "t", "function": {"name": "f", "arguments": ""}}]}, False),
-        ({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]}, True),
+        ({"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}, True),
     ],
 )
 def test_chat_token_rules(delta: dict, is_token: bool) -> None:
@@ -131,7 +131,11 @@ def test_responses_events() -> None:
     assert reader.feed(ev(created, "response.created")) is False
     for kind in ("response.in_progress", "response.output_item.added", "response.content_part.added"):
         assert reader.feed(ev({"type": kind}, kind)) is False
-    for kind in ("response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta"):
+    for kind in (
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+    ):
         assert reader.feed(ev({"type": kind, "delta": "x"}, kind)) is True
     assert reader.feed(ev({"type": "response.output_text.delta", "delta": ""}, "response.output_text.delta")) is False
     assert reader.feed(ev({"type": "response.output_text.done", "text": "x"}, "response.output_text.done")) is False
@@ -173,17 +177,52 @@ def test_anthropic_messages_events() -> None:
         "message": {
             "id": "msg_1",
             "model": "claude-x",
-            "usage": {"input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5, "output_tokens": 1},
+            "usage": {
+                "input_tokens": 10,
+                "cache_read_input_tokens": 100,
+                "cache_creation_input_tokens": 5,
+                "output_tokens": 1,
+            },
         },
     }
     assert reader.feed(ev(start, "message_start")) is False
     assert reader.feed(ev({"type": "ping"}, "ping")) is False
-    assert reader.feed(ev({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}, "content_block_start")) is False
-    for delta in ({"type": "text_delta", "text": "Hi"}, {"type": "thinking_delta", "thinking": "hm"}, {"type": "input_json_delta", "partial_json": "{"}):
-        assert reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")) is True
-    assert reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}}, "content_block_delta")) is False
+    assert (
+        reader.feed(
+            ev(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                "content_block_start",
+            )
+        )
+        is False
+    )
+    for delta in (
+        {"type": "text_delta", "text": "Hi"},
+        {"type": "thinking_delta", "thinking": "hm"},
+        {"type": "input_json_delta", "partial_json": "{"},
+    ):
+        assert (
+            reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")) is True
+        )
+    assert (
+        reader.feed(
+            ev(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "s"}},
+                "content_block_delta",
+            )
+        )
+        is False
+    )
     assert reader.feed(ev({"type": "content_block_stop", "index": 0}, "content_block_stop")) is False
-    assert reader.feed(ev({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 42}}, "message_delta")) is False
+    assert (
+        reader.feed(
+            ev(
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 42}},
+                "message_delta",
+            )
+        )
+        is False
+    )
     assert reader.feed(ev({"type": "message_stop"}, "message_stop")) is False
     # GenAI input tokens include cache reads and writes
     assert reader.usage == Usage(115, 42, 100, None)
@@ -210,7 +249,12 @@ def test_non_streaming_bodies() -> None:
         "usage": {"input_tokens": 4, "output_tokens": 2, "cache_read_input_tokens": 6},
     }).encode())  # fmt: skip
     assert msg is not None and msg.usage == Usage(10, 2, 6, None)
-    resp = read_body(API_RESPONSES, json.dumps({"id": "r", "model": "m", "status": "completed", "usage": {"input_tokens": 1, "output_tokens": 2}}).encode())
+    resp = read_body(
+        API_RESPONSES,
+        json.dumps(
+            {"id": "r", "model": "m", "status": "completed", "usage": {"input_tokens": 1, "output_tokens": 2}}
+        ).encode(),
+    )
     assert resp is not None and resp.usage == Usage(1, 2, None, None)
     assert read_body(API_OTHER, b"{}") is None
     garbage = read_body(API_CHAT, b"<html>")

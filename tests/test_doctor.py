@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from proxy.clientconfig import load_target
-from proxy.doctor import Check, DoctorSettings, diagnose, report
 from proxy.serve import running as proxy_running
 from proxy.settings import Settings
 from proxy.sim import SimRunning, SimSettings, running
+from proxy.tools.clientconfig import load_target
+from proxy.tools.doctor import Check, DoctorSettings, diagnose, report
 from tests.fakes import FakeUpstream, chat_chunk, sse, usage_chunk
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import Proxied
-from tests.fakes import chat_stream, json_handler, stream_handler
+from tests.fakes import chat_stream, stream_handler
 
 
 def free_port() -> int:
@@ -156,7 +155,7 @@ async def test_client_disconnect_cancels_the_upstream(when: str, proxy: Proxied)
 async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
     from proxy.serve import running
     from proxy.settings import Settings
-    from proxy.telemetry import build_tracer_provider, shutdown_tracer_provider
+    from proxy.telemetry.spans import build_tracer_provider, shutdown_tracer_provider
 
     upstream.handler = stream_handler(chat_stream(5))
     provider = build_tracer_provider(
@@ -185,7 +184,7 @@ def test_sigterm_drains_in_flight_streams_then_exits(tmp_path) -> None:  # type:
     assert "OK" in result.stdout
 
 
-DRAIN_CLIENT = r'''
+DRAIN_CLIENT = r"""
 import asyncio, os, signal, sys, time, aiohttp
 from aiohttp import web
 sys.path.insert(0, os.getcwd())
@@ -229,4 +228,4 @@ async def main(port, mport):
     print("OK")
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
-'''
+"""

@@ -21,7 +21,9 @@ def sha(data: bytes) -> str:
 async def post(
     client: aiohttp.ClientSession, url: str, body: object, headers: dict[str, str] | None = None
 ) -> tuple[int, bytes, aiohttp.ClientResponse]:
-    async with client.post(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}) as r:
+    async with client.post(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **(headers or {})}
+    ) as r:
         return r.status, await r.read(), r
 
 
@@ -36,9 +38,13 @@ async def test_stream_bytes_are_exact_lf_and_crlf(proxy: Proxied, client: aiohtt
     assert all(r.timing.token_events == 20 for r in proxy.records)
 
 
-async def test_request_body_method_path_and_query_reach_upstream_unchanged(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+async def test_request_body_method_path_and_query_reach_upstream_unchanged(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
     raw = b'{"model": "m",  "messages": [{"role":"user","content":"h\\u00e9"}]}'
-    async with client.put(proxy.url + "/v1/custom/a%2Fb?x=1&y=%20z&x=2", data=raw, headers={"Content-Type": "application/json"}) as r:
+    async with client.put(
+        proxy.url + "/v1/custom/a%2Fb?x=1&y=%20z&x=2", data=raw, headers={"Content-Type": "application/json"}
+    ) as r:
         assert r.status == 200
     seen = proxy.upstream.seen[-1]
     assert seen.method == "PUT"
@@ -89,22 +95,33 @@ async def test_gzip_body_is_forwarded_compressed_and_exact(proxy: Proxied, clien
         return web.Response(body=payload, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
 
     proxy.serve(handler)
-    status, body, resp = await post(client, proxy.url + "/v1/chat/completions", {"model": "m"}, headers={"Accept-Encoding": "gzip"})
+    status, body, resp = await post(
+        client, proxy.url + "/v1/chat/completions", {"model": "m"}, headers={"Accept-Encoding": "gzip"}
+    )
     assert status == 200 and resp.headers["Content-Encoding"] == "gzip"
     assert sha(body) == sha(payload)
     assert proxy.upstream.seen[-1].headers["Accept-Encoding"] == "gzip"
 
 
 async def test_error_status_and_body_pass_through(proxy: Proxied, client: aiohttp.ClientSession) -> None:
-    error = {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}}
-    for status_code, error_type in ((401, "auth"), (429, "rate_limited"), (500, "upstream_error"), (400, "bad_request")):
+    error = {
+        "error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}
+    }
+    for status_code, error_type in (
+        (401, "auth"),
+        (429, "rate_limited"),
+        (500, "upstream_error"),
+        (400, "bad_request"),
+    ):
         proxy.serve(json_handler(error, status=status_code, headers={"x-request-id": "req-1", "retry-after": "3"}))
         status, body, resp = await post(client, proxy.url + "/v1/chat/completions", {"model": "m", "stream": True})
         assert status == status_code
         assert json.loads(body) == error
         assert resp.headers["x-request-id"] == "req-1" and resp.headers["retry-after"] == "3"
         assert proxy.records[-1].error_type == error_type
-    proxy.serve(json_handler({"error": {"message": "The model `nope` does not exist", "code": "model_not_found"}}, status=404))
+    proxy.serve(
+        json_handler({"error": {"message": "The model `nope` does not exist", "code": "model_not_found"}}, status=404)
+    )
     await post(client, proxy.url + "/v1/chat/completions", {"model": "nope"})
     assert proxy.records[-1].error_type == "model_not_found"
 

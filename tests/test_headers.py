@@ -39,7 +39,9 @@ def test_x_forwarded_for_is_appended() -> None:
 
 
 def test_repeated_end_to_end_headers_keep_order() -> None:
-    out = response_headers([("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("Content-Encoding", "gzip"), ("Content-Length", "5")])
+    out = response_headers(
+        [("Set-Cookie", "a=1"), ("Set-Cookie", "b=2"), ("Content-Encoding", "gzip"), ("Content-Length", "5")]
+    )
     assert out.getall("Set-Cookie") == ["a=1", "b=2"]
     assert out["Content-Encoding"] == "gzip"
     assert "Content-Length" not in out

@@ -6,7 +6,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import BUCKETS_LATENCY, ModelLabels
+from proxy.telemetry.metrics import BUCKETS_LATENCY, ModelLabels
 from tests.conftest import Proxied
 from tests.fakes import chat_stream, stream_handler
 
@@ -58,7 +58,9 @@ async def test_exemplars_carry_the_trace_id_in_openmetrics(proxy: Proxied, clien
     assert trace_id and len(trace_id) == 32
     ctype, text = await scrape(proxy, "application/openmetrics-text; version=1.0.0; charset=utf-8")
     assert ctype.startswith("application/openmetrics-text")
-    ttft_lines = [l for l in text.splitlines() if l.startswith("taotrace_time_to_first_token_seconds_bucket") and "#" in l]
+    ttft_lines = [
+        l for l in text.splitlines() if l.startswith("taotrace_time_to_first_token_seconds_bucket") and "#" in l
+    ]
     assert ttft_lines and f'trace_id="{trace_id}"' in ttft_lines[0]
     _, plain = await scrape(proxy)
     assert "trace_id" not in plain  # the classic text format has no exemplars
@@ -86,12 +88,22 @@ async def test_proxy_port_reserves_no_path(proxy: Proxied, client: aiohttp.Clien
 
 def test_model_labels_first_n_then_other() -> None:
     labels = ModelLabels(limit=3)
-    assert [labels(m) for m in ("a", "b", "a", "c", "d", None, "")] == ["a", "b", "a", "c", "other", "unknown", "unknown"]
+    assert [labels(m) for m in ("a", "b", "a", "c", "d", None, "")] == [
+        "a",
+        "b",
+        "a",
+        "c",
+        "other",
+        "unknown",
+        "unknown",
+    ]
     allow = ModelLabels(allowlist=frozenset({"gpt-4o"}))
     assert (allow("gpt-4o"), allow("x")) == ("gpt-4o", "other")
 
 
-async def test_model_label_is_bounded_end_to_end(start_proxy, client: aiohttp.ClientSession, registry: CollectorRegistry) -> None:  # type: ignore[no-untyped-def]
+async def test_model_label_is_bounded_end_to_end(
+    start_proxy, client: aiohttp.ClientSession, registry: CollectorRegistry
+) -> None:  # type: ignore[no-untyped-def]
     async with start_proxy(max_models=5) as p:
         for i in range(20):
             async with client.post(p.url + "/v1/chat/completions", json={"model": f"made-up-{i}"}) as r:

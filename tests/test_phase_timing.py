@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import Proxied
-from tests.fakes import chat_chunk, named, sse, stream_handler, usage_chunk
+from tests.fakes import chat_chunk, named, sse, usage_chunk
 
 PREFILL = 0.300
 PER_TOKEN = 0.020
@@ -80,7 +80,9 @@ async def test_phase_spans_follow_the_schedule(proxy: Proxied, client: aiohttp.C
     assert root.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(PREFILL, abs=0.06)
 
 
-async def test_histograms_observe_the_schedule(proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry) -> None:
+async def test_histograms_observe_the_schedule(
+    proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry
+) -> None:
     await stream_with_schedule(proxy, client)
     labels = {"api": "chat_completions", "model": "gpt-4o-mini"}
     ttft_sum = registry.get_sample_value("taotrace_time_to_first_token_seconds_sum", labels)
@@ -95,10 +97,21 @@ async def test_histograms_observe_the_schedule(proxy: Proxied, client: aiohttp.C
     assert registry.get_sample_value("taotrace_tokens_total", {**labels, "type": "input"}) == 40
 
 
-async def test_non_streaming_requests_stay_out_of_token_histograms(proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry) -> None:
+async def test_non_streaming_requests_stay_out_of_token_histograms(
+    proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry
+) -> None:
     from tests.fakes import json_handler
 
-    proxy.serve(json_handler({"id": "x", "model": "m", "choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 5, "completion_tokens": 7}}))
+    proxy.serve(
+        json_handler(
+            {
+                "id": "x",
+                "model": "m",
+                "choices": [{"message": {"content": "hi"}}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 7},
+            }
+        )
+    )
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m"}) as r:
         await r.read()
     labels = {"api": "chat_completions", "model": "m"}
@@ -110,23 +123,60 @@ async def test_non_streaming_requests_stay_out_of_token_histograms(proxy: Proxie
 
 
 @pytest.mark.parametrize("api", ["responses", "messages", "completions"])
-async def test_each_dialect_is_timed_from_its_first_token(api: str, proxy: Proxied, client: aiohttp.ClientSession) -> None:
+async def test_each_dialect_is_timed_from_its_first_token(
+    api: str, proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
     if api == "responses":
         frames = [
-            named("response.created", {"type": "response.created", "response": {"id": "r", "model": "m", "status": "in_progress"}}),
+            named(
+                "response.created",
+                {"type": "response.created", "response": {"id": "r", "model": "m", "status": "in_progress"}},
+            ),
             named("response.in_progress", {"type": "response.in_progress"}),
-            *[named("response.output_text.delta", {"type": "response.output_text.delta", "delta": f"w{i}"}) for i in range(10)],
-            named("response.completed", {"type": "response.completed", "response": {"id": "r", "model": "m", "status": "completed", "usage": {"input_tokens": 3, "output_tokens": 10}}}),
+            *[
+                named("response.output_text.delta", {"type": "response.output_text.delta", "delta": f"w{i}"})
+                for i in range(10)
+            ],
+            named(
+                "response.completed",
+                {
+                    "type": "response.completed",
+                    "response": {
+                        "id": "r",
+                        "model": "m",
+                        "status": "completed",
+                        "usage": {"input_tokens": 3, "output_tokens": 10},
+                    },
+                },
+            ),
         ]
         path = "/v1/responses"
     elif api == "messages":
         frames = [
-            named("message_start", {"type": "message_start", "message": {"id": "m", "model": "claude", "usage": {"input_tokens": 3, "output_tokens": 1}}}),
-            named("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            named(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {"id": "m", "model": "claude", "usage": {"input_tokens": 3, "output_tokens": 1}},
+                },
+            ),
+            named(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
             named("ping", {"type": "ping"}),
-            *[named("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f"w{i}"}}) for i in range(10)],
+            *[
+                named(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": f"w{i}"}},
+                )
+                for i in range(10)
+            ],
             named("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            named("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 10}}),
+            named(
+                "message_delta",
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 10}},
+            ),
             named("message_stop", {"type": "message_stop"}),
         ]
         path = "/v1/messages"

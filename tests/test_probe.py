@@ -13,13 +13,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.client import Call, measure
-from proxy.clientconfig import load_target
-from proxy.probe import ProbeSettings, probe, report
 from proxy.serve import running as proxy_running
 from proxy.settings import Settings
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.timing import RequestRecord
+from proxy.tools.client import Call, measure
+from proxy.tools.clientconfig import load_target
+from proxy.tools.probe import ProbeSettings, probe, report
 from tests.fakes import FakeUpstream, chat_chunk, sse, stream_handler, usage_chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ async def test_client_and_proxy_agree_on_ttft(sim: SimRunning) -> None:
                 break
             await asyncio.sleep(0.01)
     assert all(m.ok for m in results) and len(records) == 2
-    for m, record in zip(results, records):
+    for m, record in zip(results, records, strict=False):
         assert record.timing.ttft is not None and m.ttft_s is not None
         assert abs(m.ttft_s - record.timing.ttft) < 0.010
         assert record.usage.output_tokens == m.output_tokens == 10

@@ -7,9 +7,9 @@ import logging
 import pytest
 
 import proxy
-from proxy.accesslog import access_line
 from proxy.cli import main
 from proxy.settings import Settings
+from proxy.telemetry.accesslog import access_line
 
 
 def test_exported_members() -> None:
@@ -54,7 +54,11 @@ def test_bad_upstream_is_refused_with_a_clear_message(caplog: pytest.LogCaptureF
 async def test_access_log_line_has_no_query_or_secrets(start_proxy, client, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     with caplog.at_level(logging.INFO, logger="taotrace.access"):
         async with start_proxy(access_log=True) as p:
-            async with client.post(p.url + "/v1/chat/completions?key=QUERY-CANARY", json={"model": "m"}, headers={"Authorization": "Bearer KEY-CANARY"}) as r:
+            async with client.post(
+                p.url + "/v1/chat/completions?key=QUERY-CANARY",
+                json={"model": "m"},
+                headers={"Authorization": "Bearer KEY-CANARY"},
+            ) as r:
                 await r.read()
     line = access_line(p.records[-1])
     assert line in caplog.text

@@ -13,36 +13,115 @@ KEY = "sk-test-not-a-real-key"
 
 
 def responses_stream() -> list[bytes]:
-    base = {"id": "resp_1", "object": "response", "created_at": 1, "model": "gpt-4o-mini", "output": [], "status": "in_progress"}
+    base = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "gpt-4o-mini",
+        "output": [],
+        "status": "in_progress",
+    }
     item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
     words = ["Hello", " from", " the", " proxy"]
-    done_item = {**item, "status": "completed", "content": [{"type": "output_text", "text": "".join(words), "annotations": []}]}
+    done_item = {
+        **item,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "".join(words), "annotations": []}],
+    }
     frames = [
         named("response.created", {"type": "response.created", "sequence_number": 0, "response": base}),
         named("response.in_progress", {"type": "response.in_progress", "sequence_number": 1, "response": base}),
-        named("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": item}),
-        named("response.content_part.added", {"type": "response.content_part.added", "sequence_number": 3, "item_id": "msg_1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        named(
+            "response.output_item.added",
+            {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": item},
+        ),
+        named(
+            "response.content_part.added",
+            {
+                "type": "response.content_part.added",
+                "sequence_number": 3,
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
+        ),
     ]
     for i, w in enumerate(words):
-        frames.append(named("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 4 + i, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": w, "logprobs": []}))
-    completed = {**base, "status": "completed", "output": [done_item], "usage": {"input_tokens": 9, "output_tokens": 4, "total_tokens": 13, "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
-    frames.append(named("response.output_item.done", {"type": "response.output_item.done", "sequence_number": 9, "output_index": 0, "item": done_item}))
-    frames.append(named("response.completed", {"type": "response.completed", "sequence_number": 10, "response": completed}))
+        frames.append(
+            named(
+                "response.output_text.delta",
+                {
+                    "type": "response.output_text.delta",
+                    "sequence_number": 4 + i,
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": w,
+                    "logprobs": [],
+                },
+            )
+        )
+    completed = {
+        **base,
+        "status": "completed",
+        "output": [done_item],
+        "usage": {
+            "input_tokens": 9,
+            "output_tokens": 4,
+            "total_tokens": 13,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+    frames.append(
+        named(
+            "response.output_item.done",
+            {"type": "response.output_item.done", "sequence_number": 9, "output_index": 0, "item": done_item},
+        )
+    )
+    frames.append(
+        named("response.completed", {"type": "response.completed", "sequence_number": 10, "response": completed})
+    )
     return frames
 
 
 def messages_stream() -> list[bytes]:
-    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": [], "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 20, "output_tokens": 1, "cache_read_input_tokens": 8}}
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 20, "output_tokens": 1, "cache_read_input_tokens": 8},
+    }
     frames = [
         named("message_start", {"type": "message_start", "message": message}),
-        named("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        named(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
         named("ping", {"type": "ping"}),
     ]
     for w in ["Hello", " there", "!"]:
-        frames.append(named("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}}))
+        frames.append(
+            named(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}},
+            )
+        )
     frames += [
         named("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        named("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {"output_tokens": 3}}),
+        named(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            },
+        ),
         named("message_stop", {"type": "message_stop"}),
     ]
     return frames
@@ -58,7 +137,10 @@ async def test_openai_chat_stream(proxy: Proxied, oai: openai.AsyncOpenAI) -> No
     text = ""
     usage = None
     stream = await oai.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], stream=True, stream_options={"include_usage": True}
+        model="gpt-4o-mini",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
     )
     async for chunk in stream:
         if chunk.usage:
@@ -73,7 +155,16 @@ async def test_openai_chat_stream(proxy: Proxied, oai: openai.AsyncOpenAI) -> No
 
 
 async def test_openai_legacy_completions_stream(proxy: Proxied, oai: openai.AsyncOpenAI) -> None:
-    chunks = [{"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "gpt-3.5-turbo-instruct", "choices": [{"text": w, "index": 0, "logprobs": None, "finish_reason": None}]} for w in ["a", "b", "c"]]
+    chunks = [
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": "gpt-3.5-turbo-instruct",
+            "choices": [{"text": w, "index": 0, "logprobs": None, "finish_reason": None}],
+        }
+        for w in ["a", "b", "c"]
+    ]
     proxy.serve(stream_handler(sse(*chunks)))
     stream = await oai.completions.create(model="gpt-3.5-turbo-instruct", prompt="x", stream=True)
     text = "".join([c.choices[0].text async for c in stream])
@@ -100,7 +191,9 @@ async def test_openai_responses_stream(proxy: Proxied, oai: openai.AsyncOpenAI) 
 async def test_anthropic_messages_stream(proxy: Proxied) -> None:
     proxy.serve(stream_handler(messages_stream(), gap=0.005))
     client = anthropic.AsyncAnthropic(base_url=proxy.url, api_key=KEY, max_retries=0)
-    async with client.messages.stream(model="claude-sonnet-4-5", max_tokens=50, messages=[{"role": "user", "content": "hi"}]) as stream:
+    async with client.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
         text = "".join([t async for t in stream.text_stream])
         final = await stream.get_final_message()
     assert text == "Hello there!"
@@ -108,14 +201,30 @@ async def test_anthropic_messages_stream(proxy: Proxied) -> None:
     seen = proxy.upstream.seen[-1].headers  # SDK versions differ: x-api-key or a bearer token
     assert KEY in (seen.get("x-api-key"), seen.get("Authorization", "").removeprefix("Bearer "))
     rec = proxy.records[-1]
-    assert (rec.api, rec.timing.token_events, rec.usage.input_tokens, rec.usage.cached_input_tokens) == ("messages", 3, 28, 8)
+    assert (rec.api, rec.timing.token_events, rec.usage.input_tokens, rec.usage.cached_input_tokens) == (
+        "messages",
+        3,
+        28,
+        8,
+    )
     assert rec.finish_reasons == ("end_turn",)
 
 
 async def test_openai_sdk_sees_upstream_errors_unchanged(proxy: Proxied, oai: openai.AsyncOpenAI) -> None:
     from tests.fakes import json_handler
 
-    proxy.serve(json_handler({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}}, status=401))
+    proxy.serve(
+        json_handler(
+            {
+                "error": {
+                    "message": "Incorrect API key provided",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
+            status=401,
+        )
+    )
     with pytest.raises(openai.AuthenticationError) as info:
         await oai.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
     assert info.value.code == "invalid_api_key"

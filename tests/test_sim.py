@@ -14,10 +14,10 @@ import openai
 import orjson
 import pytest
 
-from proxy.client import Call, measure
 from proxy.dialects import reader_for
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.sse import SSEDecoder, SSEEvent
+from proxy.tools.client import Call, measure
 
 FAST = 0.25  # time_scale for tests: 4x faster, same ratios
 
@@ -132,7 +132,7 @@ async def test_responses_events_in_order_with_reasoning_and_cached_usage(
     assert kinds[-1] == "response.completed"
     payloads = _json(events)
     assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
-    assert all(p["type"] == e.event for p, e in zip(payloads, events))
+    assert all(p["type"] == e.event for p, e in zip(payloads, events, strict=False))
     usage = payloads[-1]["response"]["usage"]
     assert usage["input_tokens_details"]["cached_tokens"] > 0
     assert usage["output_tokens_details"]["reasoning_tokens"] == 64

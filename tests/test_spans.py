@@ -12,10 +12,14 @@ CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-async def test_traceparent_is_continued_and_upstream_parent_is_ours(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+async def test_traceparent_is_continued_and_upstream_parent_is_ours(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
     proxy.serve(stream_handler(chat_stream(3)))
     headers = {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
-    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}, headers=headers) as r:
+    async with client.post(
+        proxy.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}, headers=headers
+    ) as r:
         await r.read()
     root = proxy.spans("chat gpt-4o-mini")[-1]
     assert format(root.context.trace_id, "032x") == CLIENT_TRACE
@@ -39,7 +43,9 @@ async def test_new_trace_without_traceparent(proxy: Proxied, client: aiohttp.Cli
 
 async def test_root_span_attributes(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     proxy.serve(stream_handler(chat_stream(4)))
-    async with client.post(proxy.url + "/v1/chat/completions?api-version=1", json={"model": "gpt-4o-mini", "stream": True}) as r:
+    async with client.post(
+        proxy.url + "/v1/chat/completions?api-version=1", json={"model": "gpt-4o-mini", "stream": True}
+    ) as r:
         await r.read()
     root = proxy.spans("chat gpt-4o-mini")[-1]
     a = root.attributes
@@ -63,7 +69,11 @@ async def test_root_span_attributes(proxy: Proxied, client: aiohttp.ClientSessio
 
 
 async def test_anthropic_span_name_and_provider(proxy: Proxied, client: aiohttp.ClientSession) -> None:
-    proxy.serve(json_handler({"id": "msg", "model": "claude-x", "content": [], "usage": {"input_tokens": 1, "output_tokens": 1}}))
+    proxy.serve(
+        json_handler(
+            {"id": "msg", "model": "claude-x", "content": [], "usage": {"input_tokens": 1, "output_tokens": 1}}
+        )
+    )
     async with client.post(proxy.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 5}) as r:
         await r.read()
     root = proxy.spans("chat claude-x")[-1]
@@ -82,7 +92,10 @@ async def test_error_span_has_error_type(proxy: Proxied, client: aiohttp.ClientS
 
 async def test_prompt_text_is_not_recorded_by_default(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     proxy.serve(stream_handler(chat_stream(2)))
-    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]}) as r:
+    async with client.post(
+        proxy.url + "/v1/chat/completions",
+        json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]},
+    ) as r:
         await r.read()
     for span in proxy.spans():
         assert "PROMPT-CANARY" not in repr(dict(span.attributes or {}))
@@ -91,7 +104,10 @@ async def test_prompt_text_is_not_recorded_by_default(proxy: Proxied, client: ai
 async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
     async with start_proxy(capture_content=True) as p:
         p.serve(stream_handler(chat_stream(2)))
-        async with client.post(p.url + "/v1/chat/completions", json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]}) as r:
+        async with client.post(
+            p.url + "/v1/chat/completions",
+            json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]},
+        ) as r:
             await r.read()
         root = p.spans("chat m")[-1]
         assert "PROMPT-CANARY" in root.attributes["gen_ai.input.messages"]

@@ -66,13 +66,13 @@ def exported_sample_names() -> set[str]:
     try:
         from prometheus_client import CollectorRegistry
 
-        from proxy.metrics import Metrics
+        from proxy.telemetry.metrics import Metrics
     except ImportError:
         return names
     registry = CollectorRegistry()
     Metrics(registry)
     real = {(m.name, m.type) for m in registry.collect()}
-    assert set(CONTRACT.items()) <= real, f"proxy.metrics lacks part of the contract: {sorted(real)}"
+    assert set(CONTRACT.items()) <= real, f"proxy.telemetry.metrics lacks part of the contract: {sorted(real)}"
     return names | {f + suffix for f, kind in real for suffix in SUFFIXES.get(kind, ("",))}
 
 
@@ -356,8 +356,11 @@ def test_grafana_alert_rules_match_the_prometheus_alerts() -> None:
         assert rule["labels"]["severity"] == counterpart["labels"]["severity"]
         assert not any("$" in v for v in rule["labels"].values()), "labels are env-interpolated"
         panel = int(rule["annotations"]["__panelId__"])
-        dashboard = next(json.loads(d.read_text()) for d in DASHBOARDS
-                         if json.loads(d.read_text())["uid"] == rule["annotations"]["__dashboardUid__"])
+        dashboard = next(
+            json.loads(d.read_text())
+            for d in DASHBOARDS
+            if json.loads(d.read_text())["uid"] == rule["annotations"]["__dashboardUid__"]
+        )
         assert panel in {p["id"] for p in dashboard["panels"]}
 
 
@@ -583,7 +586,7 @@ def test_dockerfile_build_context_builds_the_package(tmp_path: Path) -> None:
     copies = [rest.split() for w, rest in dockerfile_instructions() if w == "COPY" and "--from" not in rest]
     src = tmp_path / "src"
     src.mkdir()
-    for *sources, dest in copies:
+    for *sources, _dest in copies:
         for source in sources:
             matched = [k for k in kept if k == source or k.startswith(source.rstrip("/") + "/")]
             assert matched, f"COPY {source}: not in the build context"
@@ -641,9 +644,7 @@ def with_components(tmp_path: Path) -> Path:
     copy_dir = tmp_path / "k8s"
     shutil.copytree(K8S, copy_dir)
     kustomization = load_yaml(copy_dir / "kustomization.yaml")
-    kustomization["components"] = sorted(
-        f"components/{p.name}" for p in (K8S / "components").iterdir() if p.is_dir()
-    )
+    kustomization["components"] = sorted(f"components/{p.name}" for p in (K8S / "components").iterdir() if p.is_dir())
     (copy_dir / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     return copy_dir
 
@@ -691,7 +692,9 @@ def test_k8s_components_validate(tmp_path: Path) -> None:
     config = yaml.safe_load(objects[("ConfigMap", volume)]["data"]["config.yaml"])
     assert config == load_yaml(DEPLOY / "otel-collector" / "config.yaml")
     collector_service = objects[("Service", "otel-collector")]
-    settings = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("taotrace-settings"))
+    settings = next(
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("taotrace-settings")
+    )
     assert settings["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317"
     assert 4317 in {p["port"] for p in collector_service["spec"]["ports"]}
 

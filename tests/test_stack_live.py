@@ -304,9 +304,7 @@ def test_proxy_down_alerts_stay_quiet(stack: Stack) -> None:
     "metric", ["taotrace_time_to_first_token_seconds_bucket", "taotrace_request_duration_seconds_bucket"]
 )
 def test_exemplars_with_trace_ids_are_stored(stack: Stack, metric: str) -> None:
-    data = stack.api(
-        "query_exemplars", query=metric, start=f"{stack.started - 5:.3f}", end=f"{stack.evaluated_at:.3f}"
-    )
+    data = stack.api("query_exemplars", query=metric, start=f"{stack.started - 5:.3f}", end=f"{stack.evaluated_at:.3f}")
     exemplars = [e for series in data for e in series["exemplars"]]
     assert exemplars, f"no exemplars stored for {metric}"
     for exemplar in exemplars:

@@ -35,7 +35,7 @@ from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy.dialects import RequestInfo, Usage
-from proxy.telemetry import Telemetry
+from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -122,7 +122,9 @@ def streamed(error_type: str = "", sent: bool = True, tokens: int = 5, connect: 
 INFO = RequestInfo("chat_completions", "chat", "openai", "gpt-4o-mini", True, content='[{"role":"user"}]')
 
 
-def carrier(traceparent: bool = False, tracestate: bool = False, extra: dict[str, str] | None = None) -> CIMultiDictProxy[str]:
+def carrier(
+    traceparent: bool = False, tracestate: bool = False, extra: dict[str, str] | None = None
+) -> CIMultiDictProxy[str]:
     h = CIMultiDict({"Content-Type": "application/json", "Authorization": "Bearer sk-secret"})
     if traceparent:
         h["TraceParent"] = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"  # header names are case-insensitive
@@ -133,7 +135,11 @@ def carrier(traceparent: bool = False, tracestate: bool = False, extra: dict[str
 
 
 def make(sampler: Sampler | None = None, processor: str = "simple", fast: bool = True, **kw: Any):  # type: ignore[no-untyped-def]
-    provider = TracerProvider(sampler=sampler, id_generator=CountingIds()) if sampler else TracerProvider(id_generator=CountingIds())
+    provider = (
+        TracerProvider(sampler=sampler, id_generator=CountingIds())
+        if sampler
+        else TracerProvider(id_generator=CountingIds())
+    )
     exporter = Collect()
     provider.add_span_processor(BatchSpanProcessor(exporter) if processor == "batch" else SimpleSpanProcessor(exporter))
     tel = Telemetry(provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", **kw)
@@ -154,7 +160,9 @@ def run(tel: Telemetry, rec: RequestRecord, src: CIMultiDictProxy[str], query: s
 
 def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
     def ctx(c: Any) -> Any:
-        return None if c is None else (c.trace_id, c.span_id, c.is_remote, int(c.trace_flags), c.trace_state.to_header())
+        return (
+            None if c is None else (c.trace_id, c.span_id, c.is_remote, int(c.trace_flags), c.trace_state.to_header())
+        )
 
     return (
         span.name, ctx(span.context), ctx(span.parent), span.kind, dict(span.attributes or {}),
@@ -172,8 +180,16 @@ SCENARIOS = {
     "connect-error": (streamed(error_type="connect", sent=False), carrier(), ""),
     "upstream-error": (streamed(error_type="upstream_5xx"), carrier(traceparent=True), ""),
     "baggage-header": (streamed(), carrier(extra={"baggage": "k=v"}), ""),
-    "unsampled-client": (streamed(), CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})), ""),
-    "client-random-flag": (streamed(), CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-03"})), ""),
+    "unsampled-client": (
+        streamed(),
+        CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})),
+        "",
+    ),
+    "client-random-flag": (
+        streamed(),
+        CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-03"})),
+        "",
+    ),
     "not-streamed": (streamed(tokens=0, sent=True), carrier(), "a=1"),
 }
 SAMPLERS = {
@@ -243,7 +259,9 @@ def test_root_is_built_directly_for_built_in_samplers(sampler: str) -> None:
     ],
 )
 @pytest.mark.parametrize("traceparent", [False, True])
-def test_env_configured_providers_export_the_same(env: dict[str, str], traceparent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_configured_providers_export_the_same(
+    env: dict[str, str], traceparent: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     results = []
@@ -251,7 +269,13 @@ def test_env_configured_providers_export_the_same(env: dict[str, str], tracepare
         exporter = Collect()
         provider = TracerProvider(id_generator=CountingIds())  # sampler and limits from the environment
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        tel = Telemetry(provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", capture_content=True)
+        tel = Telemetry(
+            provider,
+            upstream_host="api.example",
+            upstream_port=443,
+            upstream_base="https://api.example",
+            capture_content=True,
+        )
         tel._offset_ns = OFFSET
         if not fast:
             tel._direct_ok = tel._root_ok = False
@@ -326,10 +350,17 @@ def test_children_contract(in_memory: tuple[TracerProvider, InMemorySpanExporter
     tel.finish(span, rec)
     assert tel._direct and tel._follows  # the children were made directly
     network, prefill, decode, root = exporter.get_finished_spans()
-    assert [s.name for s in (network, prefill, decode, root)] == ["network", "prefill_wait", "decode", "chat gpt-4o-mini"]
+    assert [s.name for s in (network, prefill, decode, root)] == [
+        "network",
+        "prefill_wait",
+        "decode",
+        "chat gpt-4o-mini",
+    ]
     assert root.kind == SpanKind.CLIENT and format(root.parent.span_id, "016x") == CLIENT_SPAN
     assert format(root.context.trace_id, "032x") == CLIENT_TRACE
-    assert headers.getall("traceparent") == [f"00-{CLIENT_TRACE}-{root.context.span_id:016x}-{int(root.context.trace_flags):02x}"]
+    assert headers.getall("traceparent") == [
+        f"00-{CLIENT_TRACE}-{root.context.span_id:016x}-{int(root.context.trace_flags):02x}"
+    ]
     for child in (network, prefill, decode):
         assert child.kind == SpanKind.INTERNAL
         assert child.parent == root.context and child.context.trace_id == root.context.trace_id
@@ -339,20 +370,38 @@ def test_children_contract(in_memory: tuple[TracerProvider, InMemorySpanExporter
     assert len({s.context.span_id for s in (network, prefill, decode, root)}) == 4
     t, ns = rec.timing, tel._ns
     assert (network.start_time, network.end_time) == (ns(t.start), ns(t.sent)) == (root.start_time, prefill.start_time)
-    assert (prefill.end_time, decode.start_time, decode.end_time, root.end_time) == (ns(t.first_token), ns(t.first_token), ns(t.last_token), ns(t.end))
-    assert dict(network.attributes) == {"taotrace.connection.reused": False, "taotrace.pool_wait": 0.0001, "taotrace.dns": 0.002, "taotrace.connect": 0.003}
+    assert (prefill.end_time, decode.start_time, decode.end_time, root.end_time) == (
+        ns(t.first_token),
+        ns(t.first_token),
+        ns(t.last_token),
+        ns(t.end),
+    )
+    assert dict(network.attributes) == {
+        "taotrace.connection.reused": False,
+        "taotrace.pool_wait": 0.0001,
+        "taotrace.dns": 0.002,
+        "taotrace.connect": 0.003,
+    }
     assert dict(prefill.attributes) == {}
     assert dict(decode.attributes) == {"taotrace.token_events": 5}
     assert "gen_ai.input.messages" not in root.attributes and "gen_ai.output.messages" not in root.attributes
-    assert abs(root.start_time - time.time_ns() + (time.perf_counter() - t0) * 1e9 - (T0 - t0) * 1e9) < 5e7  # wall clock
+    assert (
+        abs(root.start_time - time.time_ns() + (time.perf_counter() - t0) * 1e9 - (T0 - t0) * 1e9) < 5e7
+    )  # wall clock
 
 
-def test_network_failure_marks_the_network_child(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+def test_network_failure_marks_the_network_child(
+    in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry],
+) -> None:
     _, exporter, tel = in_memory
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
     tel.finish(span, streamed(error_type="connect", sent=False))
     network, root = exporter.get_finished_spans()
-    assert network.name == "network" and network.status.status_code == StatusCode.ERROR and network.status.description == "connect"
+    assert (
+        network.name == "network"
+        and network.status.status_code == StatusCode.ERROR
+        and network.status.description == "connect"
+    )
     assert network.end_time == root.end_time
     assert root.status.status_code == StatusCode.ERROR and root.attributes["error.type"] == "connect"
 
@@ -373,7 +422,9 @@ def test_sampled_off_injects_flags_00_and_exports_nothing() -> None:
     assert exporter.get_finished_spans() == ()
 
 
-def test_unsampled_client_parent_is_respected(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+def test_unsampled_client_parent_is_respected(
+    in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry],
+) -> None:
     _, exporter, tel = in_memory
     src = CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"}))
     headers: CIMultiDict[str] = CIMultiDict(src)
@@ -386,7 +437,9 @@ def test_unsampled_client_parent_is_respected(in_memory: tuple[TracerProvider, I
     assert exporter.get_finished_spans() == ()
 
 
-def test_tracestate_is_continued_to_children_and_upstream(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+def test_tracestate_is_continued_to_children_and_upstream(
+    in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry],
+) -> None:
     _, exporter, tel = in_memory
     src = carrier(traceparent=True, tracestate=True)
     headers = CIMultiDict(src)
@@ -430,7 +483,9 @@ def test_processor_added_later_is_noticed() -> None:
     assert exporter.get_finished_spans()[-1].attributes["gen_ai.usage.output_tokens"] == 5
 
 
-def test_other_propagators_keep_the_general_path(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+def test_other_propagators_keep_the_general_path(
+    in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry],
+) -> None:
     """With OTEL_PROPAGATORS naming something else, its headers are honoured (not just traceparent)."""
 
     class Single(TraceContextTextMapPropagator):  # a subclass: not the known W3C propagator
@@ -451,7 +506,9 @@ def test_other_propagators_keep_the_general_path(in_memory: tuple[TracerProvider
     assert tel.trace_id(tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)) != CLIENT_TRACE
 
 
-def test_baggage_in_the_current_context_is_still_injected(in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry]) -> None:
+def test_baggage_in_the_current_context_is_still_injected(
+    in_memory: tuple[TracerProvider, InMemorySpanExporter, Telemetry],
+) -> None:
     _, _, tel = in_memory
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
     headers: CIMultiDict[str] = CIMultiDict()
@@ -479,7 +536,9 @@ def test_client_baggage_reaches_the_sampler() -> None:
     seen: list[dict[str, object]] = []
 
     class Peek(Sampler):
-        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):  # type: ignore[no-untyped-def]
+        def should_sample(
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
+        ):  # type: ignore[no-untyped-def]
             seen.append(dict(baggage.get_all(parent_context)))
             return ALWAYS_ON.should_sample(parent_context, trace_id, name, kind, attributes, links)
 

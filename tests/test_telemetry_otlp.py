@@ -1,4 +1,4 @@
-"""proxy.otlp encodes spans exactly as the OTLP library does (bytes, and decoded messages)."""
+"""proxy.telemetry.otlp encodes spans exactly as the OTLP library does (bytes, and decoded messages)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from proxy import otlp
-from proxy.telemetry import build_tracer_provider
+from proxy.telemetry import otlp
+from proxy.telemetry.spans import build_tracer_provider
 
 RESOURCE = Resource.create(
     {

@@ -7,14 +7,23 @@ import pytest
 from proxy.timing import PhaseClock
 
 
-def run(tokens: list[float], *, sent: float = 0.05, end: float | None = None, reported: int | None = None, streaming: bool = True):
+def run(
+    tokens: list[float],
+    *,
+    sent: float = 0.05,
+    end: float | None = None,
+    reported: int | None = None,
+    streaming: bool = True,
+):
     clock = PhaseClock(t0=10.0)
     clock.sent(10.0 + sent)
     clock.headers(10.0 + sent + 0.01)
     clock.body_bytes(10.0 + sent + 0.02)
     for t in tokens:
         clock.token(10.0 + t)
-    return clock.finish(10.0 + (end if end is not None else (tokens[-1] + 0.01 if tokens else 1.0)), reported, streaming=streaming)
+    return clock.finish(
+        10.0 + (end if end is not None else (tokens[-1] + 0.01 if tokens else 1.0)), reported, streaming=streaming
+    )
 
 
 def test_phases_ttft_tpot_itl() -> None:

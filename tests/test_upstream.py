@@ -90,7 +90,9 @@ async def pool_for(port: int, scheme: str = "http", **kw: object) -> AsyncIterat
         await pool.close()
 
 
-async def fetch(pool: UpstreamPool, method: str = "POST", body: bytes = b"{}") -> tuple[UpstreamResponse, bytes, PhaseClock]:
+async def fetch(
+    pool: UpstreamPool, method: str = "POST", body: bytes = b"{}"
+) -> tuple[UpstreamResponse, bytes, PhaseClock]:
     """A request and its whole body through `relay`."""
     phase = PhaseClock(0.0)
     resp = await pool.request(method, "/v1/x", [("Content-Type", "application/json")], body, phase)
@@ -134,7 +136,8 @@ async def test_request_head_is_exact_and_invents_nothing() -> None:
         await fetch(pool, body=b'{"a":1}')
     assert seen == [
         f"POST /v1/x HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: 7\r\n\r\n".encode() + b'{"a":1}'
+        f"Content-Length: 7\r\n\r\n".encode()
+        + b'{"a":1}'
     ]
 
 
@@ -393,7 +396,9 @@ async def test_https_upstream_is_verified_and_named(tmp_path: object) -> None:
     try:
         trusted = ssl.create_default_context()
         ca.configure_trust(trusted)
-        pool = UpstreamPool(URL(f"https://localhost:{port}"), connect_timeout=2, read_timeout=2, keepalive=1, ssl_context=trusted)
+        pool = UpstreamPool(
+            URL(f"https://localhost:{port}"), connect_timeout=2, read_timeout=2, keepalive=1, ssl_context=trusted
+        )
         resp, body, phase = await fetch(pool, "GET", b"")
         assert (resp.status, body, phase.reused) == (200, b"over tls", False)
         assert phase.connect is not None and phase.connect > 0
@@ -420,7 +425,7 @@ async def test_body_arriving_before_the_relay_attaches_is_bounded() -> None:
     async with Raw(script) as srv, pool_for(srv.port) as pool:
         resp = await pool.request("GET", "/big", [], b"", PhaseClock(0.0))
         await asyncio.sleep(0.3)  # a handler slow to attach: the upstream keeps sending meanwhile
-        held = sum(len(c) for c in resp._conn.pending)  # noqa: SLF001 - the bound under test
+        held = sum(len(c) for c in resp._conn.pending)
         assert held <= (256 + 256) * 1024
         got = 0
 

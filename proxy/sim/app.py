@@ -20,7 +20,6 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.dialects import API_OTHER, api_for_path
 from proxy.sim.anthropic import MessagesWriter
 from proxy.sim.catalogue import ModelSpec
 from proxy.sim.engine import ADMITTED, Engine, Handle
@@ -162,6 +161,13 @@ async def _request_stats(request: web.Request) -> web.Response:
 
 
 _ENDPOINTS = {"/chat/completions", "/completions", "/responses", "/messages", "/models"}
+# The sim's own routes (it is an upstream: it does not borrow the proxy's dialect table).
+_APIS = (
+    ("/chat/completions", "chat_completions"),
+    ("/completions", "completions"),
+    ("/responses", "responses"),
+    ("/messages", "messages"),
+)
 
 
 def _route(path: str, prefix: str) -> tuple[str, str | None] | None:
@@ -177,8 +183,10 @@ def _route(path: str, prefix: str) -> tuple[str, str | None] | None:
         return "models", None
     if len(parts) > 2 and parts[-2] == "models":
         return "models", parts[-1]
-    api = api_for_path(path)
-    return (api, None) if api != API_OTHER else None
+    for suffix, api in _APIS:
+        if path.endswith(suffix):
+            return api, None
+    return None
 
 
 async def _dispatch(request: web.Request) -> web.StreamResponse:

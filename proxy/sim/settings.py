@@ -7,9 +7,14 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from proxy.settings import split_csv
-
 __all__ = ["SimSettings"]
+
+
+def _split_csv(value: object) -> object:
+    """Accept `a,b,c` from flags and the environment as well as a list."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
 
 
 class SimSettings(BaseSettings):
@@ -42,4 +47,4 @@ class SimSettings(BaseSettings):
     )
     catalogue: str | None = Field(None, description='JSON file overriding or adding models: {"models": [...]}')
 
-    _split_keys = field_validator("api_keys", "bad_keys", mode="before")(split_csv)
+    _split_keys = field_validator("api_keys", "bad_keys", mode="before")(_split_csv)

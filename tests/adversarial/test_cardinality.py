@@ -43,7 +43,9 @@ async def _flood(url: str, names: list[str], concurrency: int = 32) -> None:
 def _model_values(text: str) -> dict[str, set[str]]:
     """metric family -> the distinct `model` label values it exposes."""
     out: dict[str, set[str]] = {}
-    for m in re.finditer(r'^(taotrace_[a-z_]+?)(?:_bucket|_count|_sum|_created|_total)?\{[^}]*model="([^"]*)"', text, re.MULTILINE):
+    for m in re.finditer(
+        r'^(taotrace_[a-z_]+?)(?:_bucket|_count|_sum|_created|_total)?\{[^}]*model="([^"]*)"', text, re.MULTILINE
+    ):
         out.setdefault(m.group(1), set()).add(m.group(2))
     return out
 
@@ -94,7 +96,6 @@ async def test_ten_thousand_model_names(allowlist: list[str], flood: int) -> Non
         f"{timings['application/openmetrics-text'] * 1000:.1f} ms (OpenMetrics); "
         f"RSS +{grown / 2**20:.2f} MiB"
     )
-
 
 
 async def test_concurrent_scrapes_share_one_render(upstream) -> None:

@@ -300,9 +300,7 @@ async def test_client_disconnects_reach_the_upstream_and_leak_nothing(
         await asyncio.sleep(0.2)
         fds0, tasks0 = open_fds(), live_tasks()
         for start in range(0, reps, batch):
-            async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True)
-            ) as session:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:
                 await asyncio.gather(*(one(session, f"{when}{i}") for i in range(start, start + batch)))
             async with asyncio.timeout(5):
                 while len(noticed_at) < start + batch:
@@ -343,7 +341,9 @@ async def test_a_client_that_stops_reading_holds_back_the_upstream(start_proxy) 
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect((host, int(port)))
-        sock.sendall(b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        sock.sendall(
+            b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY
+        )
         await asyncio.sleep(2.0)  # the client reads nothing at all
         held = written
         await asyncio.sleep(0.5)

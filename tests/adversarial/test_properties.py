@@ -132,8 +132,21 @@ _TOKEN = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRS
 _names = st.one_of(
     st.sampled_from(
         sorted(HOP_BY_HOP)
-        + ["Connection", "Host", "Content-Length", "Expect", "Authorization", "X-Api-Key", "Cookie",
-           "traceparent", "X-Forwarded-For", "Content-Type", "Keep-Alive", "TE", "x-custom"]
+        + [
+            "Connection",
+            "Host",
+            "Content-Length",
+            "Expect",
+            "Authorization",
+            "X-Api-Key",
+            "Cookie",
+            "traceparent",
+            "X-Forwarded-For",
+            "Content-Type",
+            "Keep-Alive",
+            "TE",
+            "x-custom",
+        ]
     ).map(lambda n: "".join(c.upper() if i % 2 else c for i, c in enumerate(n))),  # any letter case
     st.text(_TOKEN, min_size=1, max_size=12),
 )
@@ -144,7 +157,11 @@ _values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_siz
 @given(headers=st.lists(st.tuples(_names, _values), max_size=20), peer=st.one_of(st.none(), st.just("10.0.0.7")))
 def test_header_rules_hold_for_any_header_set(headers: list[tuple[str, str]], peer: str | None) -> None:
     named = {
-        token.strip().lower() for k, v in headers if k.lower() == "connection" for token in v.split(",") if token.strip()
+        token.strip().lower()
+        for k, v in headers
+        if k.lower() == "connection"
+        for token in v.split(",")
+        if token.strip()
     }
     never = HOP_BY_HOP | named | {"host", "content-length", "expect"}
     for out in (request_headers(headers, peer), response_headers(headers)):

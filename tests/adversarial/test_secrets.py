@@ -47,11 +47,28 @@ def scenario_upstream() -> web.Application:
         await request.read()
         kind = request.headers.get("X-Scenario", "ok-stream")
         if kind == "ok-json":
-            return web.json_response({"id": "c1", "model": "gpt-4o-mini", "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+            return web.json_response(
+                {
+                    "id": "c1",
+                    "model": "gpt-4o-mini",
+                    "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+                }
+            )
         if kind == "401":
-            return web.json_response({"error": {"message": f"Incorrect API key provided: {CANARIES['authorization']}", "type": "invalid_request_error"}}, status=401)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"Incorrect API key provided: {CANARIES['authorization']}",
+                        "type": "invalid_request_error",
+                    }
+                },
+                status=401,
+            )
         if kind == "500-echo":
-            return web.Response(status=500, text=f"internal: query was key={CANARIES['query']} prompt {CANARIES['prompt']}")
+            return web.Response(
+                status=500, text=f"internal: query was key={CANARIES['query']} prompt {CANARIES['prompt']}"
+            )
         if kind == "garbage":
             request.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxy")
             await asyncio.sleep(0.1)
@@ -61,9 +78,24 @@ def scenario_upstream() -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if kind == "messages":
-            await resp.write(named("message_start", {"type": "message_start", "message": {"id": "m1", "model": "claude", "usage": {"input_tokens": 3}}}))
-            await resp.write(named("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "ok"}}))
-            await resp.write(named("error", {"type": "error", "error": {"type": "overloaded_error", "message": f"key {CANARIES['x-api-key']}"}}))
+            await resp.write(
+                named(
+                    "message_start",
+                    {"type": "message_start", "message": {"id": "m1", "model": "claude", "usage": {"input_tokens": 3}}},
+                )
+            )
+            await resp.write(
+                named(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "ok"}},
+                )
+            )
+            await resp.write(
+                named(
+                    "error",
+                    {"type": "error", "error": {"type": "overloaded_error", "message": f"key {CANARIES['x-api-key']}"}},
+                )
+            )
             return resp
         frames = chat_stream(5)
         if kind == "mid-stream-error":
@@ -84,7 +116,9 @@ def scenario_upstream() -> web.Application:
     return app
 
 
-async def _request(session: aiohttp.ClientSession, url: str, scenario: str, path: str = "/v1/chat/completions", **kw) -> tuple[int, bytes]:
+async def _request(
+    session: aiohttp.ClientSession, url: str, scenario: str, path: str = "/v1/chat/completions", **kw
+) -> tuple[int, bytes]:
     headers = {**HEADERS, "X-Scenario": scenario}
     try:
         async with session.post(url + path + QUERY, data=kw.get("data", body()), headers=headers) as resp:
@@ -101,10 +135,23 @@ def _malformed() -> dict[str, bytes]:
     q = f"/v1/chat/completions?key={CANARIES['query']}".encode()
     return {
         "nul": b"POST " + q + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\x00\r\nContent-Length: 2\r\n\r\n{}",
-        "cl-te": b"POST " + q + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-        "long-auth": b"POST " + q + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"A" * 20000 + b"\r\nContent-Length: 2\r\n\r\n{}",
+        "cl-te": b"POST "
+        + q
+        + b" HTTP/1.1\r\nHost: x\r\n"
+        + auth
+        + b"\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "long-auth": b"POST "
+        + q
+        + b" HTTP/1.1\r\nHost: x\r\n"
+        + auth
+        + b"A" * 20000
+        + b"\r\nContent-Length: 2\r\n\r\n{}",
         "long-target": b"GET " + q + b"B" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-        "bad-cookie": b"GET " + q + b" HTTP/1.1\r\nHost: x\r\nCookie: s=" + CANARIES["cookie"].encode() + b"\x7f\x01\r\n\r\n",
+        "bad-cookie": b"GET "
+        + q
+        + b" HTTP/1.1\r\nHost: x\r\nCookie: s="
+        + CANARIES["cookie"].encode()
+        + b"\x7f\x01\r\n\r\n",
         "bad-method": b"P\x01ST " + q + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n\r\n",
     }
 
@@ -131,7 +178,17 @@ async def test_no_canary_leaks_anywhere() -> None:
             try:
                 await asyncio.gather(main.started(), dead.started(), slow.started())
                 async with aiohttp.ClientSession() as s:
-                    for scenario in ("ok-stream", "ok-json", "401", "500-echo", "cut", "stall", "abort", "mid-stream-error", "garbage"):
+                    for scenario in (
+                        "ok-stream",
+                        "ok-json",
+                        "401",
+                        "500-echo",
+                        "cut",
+                        "stall",
+                        "abort",
+                        "mid-stream-error",
+                        "garbage",
+                    ):
                         status, out = await _request(s, main.url, scenario)
                         if scenario in ("garbage",):
                             proxy_bodies.append((scenario, out))

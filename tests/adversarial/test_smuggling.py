@@ -27,8 +27,12 @@ REFUSED = {
     "te-space-before-colon": HEAD + b"Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
     "cl-space-before-colon": HEAD + b"Content-Length : 2\r\n\r\n{}",
     "obs-fold": HEAD + b"X-Folded: a\r\n b\r\nContent-Length: 2\r\n\r\n{}",
-    "nul-in-value": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CANARY + b"\x00\r\nContent-Length: 2\r\n\r\n{}",
-    "bare-cr-in-value": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CANARY + b"\rX: y\r\nContent-Length: 2\r\n\r\n{}",
+    "nul-in-value": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + CANARY
+    + b"\x00\r\nContent-Length: 2\r\n\r\n{}",
+    "bare-cr-in-value": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+    + CANARY
+    + b"\rX: y\r\nContent-Length: 2\r\n\r\n{}",
     "bare-lf-in-value": HEAD + b"X-A: a\nX-B: b\r\nContent-Length: 2\r\n\r\n{}",
     "bad-chunk-size": HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
     "chunk-size-overflow": HEAD + b"Transfer-Encoding: chunked\r\n\r\nffffffffffffffffff1\r\n{}\r\n0\r\n\r\n",
@@ -53,7 +57,10 @@ async def test_ambiguous_framing_is_400_and_nothing_reaches_the_upstream(
 
 async def test_smuggled_second_request_is_never_forwarded(proxy, upstream: FakeUpstream) -> None:
     # CL.TE: a front end honouring Content-Length would see one request; one honouring TE, two.
-    data = HEAD + b"Content-Length: 35\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin HTTP/1.1\r\nHost: x\r\n\r\n"
+    data = (
+        HEAD
+        + b"Content-Length: 35\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /admin HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
     out = await raw_request(proxy.url, data)
     assert out.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400"))
     assert out.count(b"HTTP/1.") == 1  # exactly one answer, then the connection is closed
@@ -69,7 +76,9 @@ async def test_smuggled_second_request_is_never_forwarded(proxy, upstream: FakeU
     ],
     ids=["long-authorization", "long-target", "long-header"],
 )
-async def test_oversize_header_or_target_is_431_with_a_clear_message(proxy, upstream: FakeUpstream, data: bytes) -> None:
+async def test_oversize_header_or_target_is_431_with_a_clear_message(
+    proxy, upstream: FakeUpstream, data: bytes
+) -> None:
     out = await raw_request(proxy.url, data)
     assert out.split(b" ", 2)[1] == b"431", out[:200]
     assert CANARY not in out and b"AAAA" not in out and b"BBBB" not in out and b"CCCC" not in out
@@ -103,7 +112,9 @@ async def test_oversize_body_is_413_with_a_clear_message(
     assert p.records[0].error_type == "request_too_large"
 
 
-@pytest.mark.parametrize("head", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"], ids=["silent", "half-head"])
+@pytest.mark.parametrize(
+    "head", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"], ids=["silent", "half-head"]
+)
 async def test_slow_or_silent_clients_are_dropped(start_proxy, upstream: FakeUpstream, head: bytes) -> None:
     """Slowloris: a connection that never finishes its request head is closed, not held for an hour."""
     import asyncio

@@ -24,7 +24,7 @@ TOKENS = sse(chat_chunk("a"), chat_chunk("b"), done=False)
 
 LIES: dict[str, tuple[list[bytes], int]] = {
     # name: (frames, token events the proxy should still count)
-    "invalid-json": ([b"data: {not json\n\n", b"data: {\"choices\": [\n\n", *TOKENS, b"data: [DONE]\n\n"], 2),
+    "invalid-json": ([b"data: {not json\n\n", b'data: {"choices": [\n\n', *TOKENS, b"data: [DONE]\n\n"], 2),
     "json-of-the-wrong-shape": (
         [
             b"data: [1,2]\n\n",
@@ -45,13 +45,14 @@ LIES: dict[str, tuple[list[bytes], int]] = {
     "comments-only": ([b": keep-alive\n\n"] * 50, 0),
     "nul-and-binary": ([b"data: \x00\xff\xfe\n\n", b"id: \x00\n\n", *TOKENS], 2),
     "cr-only-lines": ([t.replace(b"\n", b"\r") for t in TOKENS], 2),
-    "event-over-1MiB": ([TOKENS[0], b"data: {\"pad\": \"" + b"x" * (3 << 20) + b"\"}\n\n", TOKENS[1]], 2),
-    "line-over-1MiB-in-small-reads": (
-        [TOKENS[0], b"data: ", *([b"z" * 1000] * 2100), b"\n\n", TOKENS[1]], 2
-    ),
+    "event-over-1MiB": ([TOKENS[0], b'data: {"pad": "' + b"x" * (3 << 20) + b'"}\n\n', TOKENS[1]], 2),
+    "line-over-1MiB-in-small-reads": ([TOKENS[0], b"data: ", *([b"z" * 1000] * 2100), b"\n\n", TOKENS[1]], 2),
     "no-blank-line-ever": ([b"data: " + b"q" * 1000 + b"\n"] * 3000, 0),
     "no-newline-ever": ([b"r" * 65536] * 64, 0),
-    "usage-lies": ([*TOKENS, b'data: {"choices": [], "usage": {"completion_tokens": -5, "prompt_tokens": 1e99}}\n\n'], 2),
+    "usage-lies": (
+        [*TOKENS, b'data: {"choices": [], "usage": {"completion_tokens": -5, "prompt_tokens": 1e99}}\n\n'],
+        2,
+    ),
 }
 
 

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-
 from payload import expected_body, expected_text
 
 MODEL = "bench-model"
@@ -286,5 +285,5 @@ def analyse(resp: Response, model: str, n_tokens: int) -> StreamStats:
         err = None if ok else "content mismatch" if done else "no [DONE]"
     if not tok_times:
         return StreamStats(False, exact, -1, ttfb, [], len(times), err or "no token")
-    gaps = [b - a for a, b in zip(tok_times, tok_times[1:])]
+    gaps = [b - a for a, b in zip(tok_times, tok_times[1:], strict=False)]
     return StreamStats(ok, exact, tok_times[0] - resp.t_send, ttfb, gaps, len(times), err)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from client import MODEL, Pool, analyse, request_bytes  # noqa: E402
-from payload import run  # noqa: E402
+from client import MODEL, Pool, analyse, request_bytes
+from payload import run
 
 
 async def load(port: int, conc: int, tokens: int, seconds: float) -> None:

@@ -13,7 +13,6 @@ import os
 import zlib
 
 from aiohttp import web
-
 from payload import run
 
 STATS: web.AppKey[dict[str, int]] = web.AppKey("stats", dict)

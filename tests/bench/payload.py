@@ -52,7 +52,11 @@ def stream_events(model: str, n_tokens: int, prompt_tokens: int = 12) -> tuple[b
         "model": model,
         "system_fingerprint": FINGERPRINT,
         "choices": [],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens, "total_tokens": prompt_tokens + n_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n_tokens,
+            "total_tokens": prompt_tokens + n_tokens,
+        },
     }
     tail = [finish, b"data: " + orjson.dumps(usage) + b"\n\n", b"data: [DONE]\n\n"]
     return (head, *tokens, *tail)

@@ -171,9 +171,19 @@ class Bench:
         self._start(
             Proc(
                 "upstream",
-                [PY, str(HERE / "upstream.py"), "--port", str(self.upstream_port),
-                 "--ttft-ms", str(self.plan.ttft_ms), "--interval-ms", str(self.plan.interval_ms)],
-                self.out / "upstream.log", cpus=LOAD_CPU, env=env,
+                [
+                    PY,
+                    str(HERE / "upstream.py"),
+                    "--port",
+                    str(self.upstream_port),
+                    "--ttft-ms",
+                    str(self.plan.ttft_ms),
+                    "--interval-ms",
+                    str(self.plan.interval_ms),
+                ],
+                self.out / "upstream.log",
+                cpus=LOAD_CPU,
+                env=env,
             ),
             self.upstream_port,
         )
@@ -195,8 +205,12 @@ class Bench:
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx is None and not self.args.no_install and os.geteuid() == 0:
             self.log("installing nginx (apt-get)")
-            subprocess.run("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx",
-                           shell=True, check=False, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx",
+                shell=True,
+                check=False,
+                stdout=subprocess.DEVNULL,
+            )
             nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx is None:
             self.skipped["nginx"] = "nginx not installed (apt-get install nginx)"
@@ -205,13 +219,24 @@ class Bench:
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (prefix / "tmp" / sub).mkdir(parents=True, exist_ok=True)
         port = free_port()
-        conf = (HERE / "nginx.conf.template").read_text().format(
-            prefix=prefix, port=port, upstream_port=self.upstream_port,
-            affinity="1" + "0" * int(PROXY_CPU),  # bit mask: core PROXY_CPU
+        conf = (
+            (HERE / "nginx.conf.template")
+            .read_text()
+            .format(
+                prefix=prefix,
+                port=port,
+                upstream_port=self.upstream_port,
+                affinity="1" + "0" * int(PROXY_CPU),  # bit mask: core PROXY_CPU
+            )
         )
         (prefix / "nginx.conf").write_text(conf)
-        proc = Proc("nginx", [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")],
-                    self.out / "nginx.log", cpus=PROXY_CPU, env=env)
+        proc = Proc(
+            "nginx",
+            [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")],
+            self.out / "nginx.log",
+            cpus=PROXY_CPU,
+            env=env,
+        )
         self._start(proc, port)
         self.arms["nginx"] = Arm("nginx", port, proc)
 
@@ -239,8 +264,16 @@ class Bench:
         if name != "taotrace-noexport":
             if not self.sink_port:
                 self.sink_port = free_port()
-                self._start(Proc("otlp-sink", [PY, str(HERE / "otlp_sink.py"), "--port", str(self.sink_port)],
-                                 self.out / "otlp-sink.log", cpus=LOAD_CPU, env=env), self.sink_port)
+                self._start(
+                    Proc(
+                        "otlp-sink",
+                        [PY, str(HERE / "otlp_sink.py"), "--port", str(self.sink_port)],
+                        self.out / "otlp-sink.log",
+                        cpus=LOAD_CPU,
+                        env=env,
+                    ),
+                    self.sink_port,
+                )
             penv.update(
                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{self.sink_port}",
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
@@ -248,9 +281,14 @@ class Bench:
             )
         if name == "taotrace-baseline":
             penv.update(kv.split("=", 1) for kv in self.args.baseline_env)  # type: ignore[misc]
-        proc = Proc(name, [PY, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port),
-                           "--metrics-port", str(mport)],
-                    self.out / f"{name}.log", cpus=PROXY_CPU, env=penv, cwd=str(src))
+        proc = Proc(
+            name,
+            [PY, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port), "--metrics-port", str(mport)],
+            self.out / f"{name}.log",
+            cpus=PROXY_CPU,
+            env=penv,
+            cwd=str(src),
+        )
         self._start(proc, port)
         self.arms[name] = Arm(name, port, proc, metrics_port=mport)
 
@@ -268,8 +306,13 @@ class Bench:
         port = free_port()
         cfg = self.out / "litellm_config.yaml"
         cfg.write_text((HERE / "litellm_config.yaml.template").read_text().format(upstream_port=self.upstream_port))
-        proc = Proc("litellm", ["bash", str(script), "run", str(cfg), str(port)], self.out / "litellm.log",
-                    cpus=PROXY_CPU, env=env)
+        proc = Proc(
+            "litellm",
+            ["bash", str(script), "run", str(cfg), str(port)],
+            self.out / "litellm.log",
+            cpus=PROXY_CPU,
+            env=env,
+        )
         self._start(proc, port, timeout=180)
         self.arms["litellm"] = Arm("litellm", port, proc)
 
@@ -378,7 +421,7 @@ class Bench:
         firsts = [loop.create_future() for _ in conns]
         raw = request_bytes("127.0.0.1", arm.port, "/v1/chat/completions", HOLD_MODEL, HOLD_TOKENS)
         futs = []
-        for c, f in zip(conns, firsts):
+        for c, f in zip(conns, firsts, strict=False):
             futs.append(c.send(raw, on_first=lambda f=f: f.done() or f.set_result(None)))
             await asyncio.sleep(0)  # a client-side burst of 1,000 writes is fine; let reads in
         await asyncio.wait(firsts, timeout=60)
@@ -387,8 +430,12 @@ class Bench:
         rss1 = arm.rss_kib()
         released = await http_get_json(self.upstream_port, "/bench/release")
         done, _ = await asyncio.wait(futs, timeout=60)
-        results = [analyse(f.result(), HOLD_MODEL, HOLD_TOKENS) if f in done else
-                   StreamStats(False, False, -1, -1, [], 0, "timeout") for f in futs]
+        results = [
+            analyse(f.result(), HOLD_MODEL, HOLD_TOKENS)
+            if f in done
+            else StreamStats(False, False, -1, -1, [], 0, "timeout")
+            for f in futs
+        ]
         arm.pool.release(conns)
         arm.pool.close()
         await asyncio.sleep(2.0)
@@ -407,8 +454,10 @@ class Bench:
             "kib_per_stream": (rss1 - rss0) / opened if arm.proc and opened else None,
             "seconds": round(time.monotonic() - t0, 1),
         }
-        self.log(f"hold {arm.name:18} {opened}/{n} open, {self.hold[arm.name]['completed_ok']} ok, "
-                 f"{((rss1 - rss0) / max(opened, 1)) if arm.proc else 0:.1f} KiB/stream")
+        self.log(
+            f"hold {arm.name:18} {opened}/{n} open, {self.hold[arm.name]['completed_ok']} ok, "
+            f"{((rss1 - rss0) / max(opened, 1)) if arm.proc else 0:.1f} KiB/stream"
+        )
 
     async def collect_checks(self) -> None:
         if self.sink_port:
@@ -431,8 +480,10 @@ class Bench:
         for arm in self.arms.values():
             arm.rss["after_warmup"] = arm.rss_kib()
         est = self.plan.est_seconds(len(self.arms))
-        self.log(f"sweep: {len(self.arms)} arms x {len(self.plan.concurrency)} x {len(self.plan.lengths)} cells "
-                 f"x {self.plan.rounds} rounds (~{est:.0f}s if no arm is overloaded)")
+        self.log(
+            f"sweep: {len(self.arms)} arms x {len(self.plan.concurrency)} x {len(self.plan.lengths)} cells "
+            f"x {self.plan.rounds} rounds (~{est:.0f}s if no arm is overloaded)"
+        )
         await self.sweep()
         for arm in self.arms.values():
             await self.hold_test(arm)
@@ -507,24 +558,32 @@ def fit_cpu(batches: list[list[int]]) -> tuple[float, float]:
 
 
 def reduce(bench: Bench) -> dict[str, object]:
-    plan = bench.plan
     rows = []
     pooled: dict[tuple[str, int], dict[str, array]] = {}
-    for (arm, conc, tokens), c in bench.cells.items():
+    for (arm, conc, _tokens), c in bench.cells.items():
         p = pooled.setdefault((arm, conc), {"ttft": array("q"), "gaps": array("q")})
         p["ttft"].extend(c.ttft)
         p["gaps"].extend(c.gaps)
-    for (arm, conc, tokens), c in sorted(bench.cells.items(), key=lambda kv: (ARM_ORDER.index(kv[0][0]), kv[0][1], kv[0][2])):
+    for (arm, conc, tokens), c in sorted(
+        bench.cells.items(), key=lambda kv: (ARM_ORDER.index(kv[0][0]), kv[0][1], kv[0][2])
+    ):
         d = bench.cells.get(("direct", conc, tokens))
         cpu = sum(b[2] for b in c.batches)
         reqs = sum(b[0] for b in c.batches)
         row = {
-            "arm": arm, "concurrency": conc, "tokens": tokens, "streams": c.streams, "ok": c.ok,
-            "byte_exact": c.exact, "errors": dict(c.errors),
-            "ttft_p50_ms": pct(c.ttft, 0.5) / MS, "ttft_p99_ms": pct(c.ttft, 0.99) / MS,
+            "arm": arm,
+            "concurrency": conc,
+            "tokens": tokens,
+            "streams": c.streams,
+            "ok": c.ok,
+            "byte_exact": c.exact,
+            "errors": dict(c.errors),
+            "ttft_p50_ms": pct(c.ttft, 0.5) / MS,
+            "ttft_p99_ms": pct(c.ttft, 0.99) / MS,
             "ttfb_p50_ms": pct(c.ttfb, 0.5) / MS,
             "ttft_top5_ms": [round(v / MS, 3) for v in sorted(c.ttft)[-5:]],
-            "gap_p50_ms": pct(c.gaps, 0.5) / MS, "gap_p99_ms": pct(c.gaps, 0.99) / MS,
+            "gap_p50_ms": pct(c.gaps, 0.5) / MS,
+            "gap_p99_ms": pct(c.gaps, 0.99) / MS,
             "gap_max_ms": c.max_gap / MS,
             "cpu_us_per_event": (cpu / c.events / 1e3) if (c.events and arm != "direct") else None,
             "cpu_us_per_request": (cpu / reqs / 1e3) if (reqs and arm != "direct") else None,
@@ -538,9 +597,14 @@ def reduce(bench: Bench) -> dict[str, object]:
     by_conc = []
     for (arm, conc), p in sorted(pooled.items(), key=lambda kv: (ARM_ORDER.index(kv[0][0]), kv[0][1])):
         d = pooled.get(("direct", conc))
-        entry = {"arm": arm, "concurrency": conc, "samples": len(p["ttft"]),
-                 "ttft_p50_ms": pct(p["ttft"], 0.5) / MS, "ttft_p99_ms": pct(p["ttft"], 0.99) / MS,
-                 "gap_p99_ms": pct(p["gaps"], 0.99) / MS}
+        entry = {
+            "arm": arm,
+            "concurrency": conc,
+            "samples": len(p["ttft"]),
+            "ttft_p50_ms": pct(p["ttft"], 0.5) / MS,
+            "ttft_p99_ms": pct(p["ttft"], 0.99) / MS,
+            "gap_p99_ms": pct(p["gaps"], 0.99) / MS,
+        }
         if d is not None:
             entry["added_ttft_p50_ms"] = entry["ttft_p50_ms"] - pct(d["ttft"], 0.5) / MS
             entry["added_ttft_p99_ms"] = entry["ttft_p99_ms"] - pct(d["ttft"], 0.99) / MS
@@ -601,8 +665,12 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
         else:
             add(f"LiteLLM / taotrace added TTFT p50 @ {conc}", None, ">= 10x", None)
     ok = h.get("completed_ok")
-    add(f"{plan.hold} concurrent open streams, no errors", ok, f"== {plan.hold}",
-        None if ok is None else ok == plan.hold and not h.get("errors"))
+    add(
+        f"{plan.hold} concurrent open streams, no errors",
+        ok,
+        f"== {plan.hold}",
+        None if ok is None else ok == plan.hold and not h.get("errors"),
+    )
     return out
 
 
@@ -615,38 +683,71 @@ def fmt(v: object, nd: int = 2) -> str:
 
 
 def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
-    cols = ["arm", "conc", "tok", "n", "TTFT p50", "p99", "+TTFT p50", "+p99", "gap p99", "+gap p99",
-            "max gap", "CPU us/ev", "us/req", "ok", "exact", "err"]
+    cols = [
+        "arm",
+        "conc",
+        "tok",
+        "n",
+        "TTFT p50",
+        "p99",
+        "+TTFT p50",
+        "+p99",
+        "gap p99",
+        "+gap p99",
+        "max gap",
+        "CPU us/ev",
+        "us/req",
+        "ok",
+        "exact",
+        "err",
+    ]
     lines = []
     for r in result["rows"]:  # type: ignore[union-attr]
-        lines.append([
-            r["arm"], str(r["concurrency"]), str(r["tokens"]), str(r["streams"]),
-            fmt(r["ttft_p50_ms"]), fmt(r["ttft_p99_ms"]), fmt(r.get("added_ttft_p50_ms")),
-            fmt(r.get("added_ttft_p99_ms")), fmt(r["gap_p99_ms"]), fmt(r.get("added_gap_p99_ms")),
-            fmt(r["gap_max_ms"]), fmt(r["cpu_us_per_event"], 1), fmt(r["cpu_us_per_request"], 0),
-            f"{r['ok']}/{r['streams']}", str(r["byte_exact"]), str(sum(r["errors"].values())),
-        ])
+        lines.append(
+            [
+                r["arm"],
+                str(r["concurrency"]),
+                str(r["tokens"]),
+                str(r["streams"]),
+                fmt(r["ttft_p50_ms"]),
+                fmt(r["ttft_p99_ms"]),
+                fmt(r.get("added_ttft_p50_ms")),
+                fmt(r.get("added_ttft_p99_ms")),
+                fmt(r["gap_p99_ms"]),
+                fmt(r.get("added_gap_p99_ms")),
+                fmt(r["gap_max_ms"]),
+                fmt(r["cpu_us_per_event"], 1),
+                fmt(r["cpu_us_per_request"], 0),
+                f"{r['ok']}/{r['streams']}",
+                str(r["byte_exact"]),
+                str(sum(r["errors"].values())),
+            ]
+        )
     widths = [max(len(c), *(len(l[i]) for l in lines)) if lines else len(c) for i, c in enumerate(cols)]
     print()
     print(f"taotrace overhead benchmark - {meta['machine']} - times in ms, CPU of the proxy process tree")
-    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=False)))
     for l in lines:
-        print("  ".join(v.rjust(w) for v, w in zip(l, widths)))
+        print("  ".join(v.rjust(w) for v, w in zip(l, widths, strict=False)))
     print()
     print("per arm: CPU fit (fixed us/request + marginal us/event), memory (KiB)")
     for name, a in result["arms"].items():  # type: ignore[union-attr]
         h = a.get("hold", {})
-        print(f"  {name:18} cpu {fmt(a.get('cpu_fit_us_per_request'), 0):>6} us/req + {fmt(a.get('cpu_fit_us_per_event'), 1):>6} us/event"
-              f"   rss warm {fmt(a['rss_kib'].get('after_warmup'))} after-load {fmt(a.get('rss_after_load_kib'))}"
-              f" growth {fmt(a.get('rss_growth_kib_first_to_last_round'))}"
-              f"   hold {h.get('opened', '-')}/{h.get('streams', '-')} open, {h.get('completed_ok', '-')} ok,"
-              f" {fmt(h.get('kib_per_stream'), 1)} KiB/stream, rss after {fmt(h.get('rss_after_kib'))}")
+        print(
+            f"  {name:18} cpu {fmt(a.get('cpu_fit_us_per_request'), 0):>6} us/req + {fmt(a.get('cpu_fit_us_per_event'), 1):>6} us/event"
+            f"   rss warm {fmt(a['rss_kib'].get('after_warmup'))} after-load {fmt(a.get('rss_after_load_kib'))}"
+            f" growth {fmt(a.get('rss_growth_kib_first_to_last_round'))}"
+            f"   hold {h.get('opened', '-')}/{h.get('streams', '-')} open, {h.get('completed_ok', '-')} ok,"
+            f" {fmt(h.get('kib_per_stream'), 1)} KiB/stream, rss after {fmt(h.get('rss_after_kib'))}"
+        )
     print()
     print("added TTFT by concurrency (all stream lengths pooled), ms:")
     for e in result["by_concurrency"]:  # type: ignore[union-attr]
         if e["arm"] != "direct":
-            print(f"  {e['arm']:18} conc {e['concurrency']:>4}  n {e['samples']:>5}  +p50 {fmt(e.get('added_ttft_p50_ms')):>7}"
-                  f"  +p99 {fmt(e.get('added_ttft_p99_ms')):>7}  +gap p99 {fmt(e.get('added_gap_p99_ms')):>6}")
+            print(
+                f"  {e['arm']:18} conc {e['concurrency']:>4}  n {e['samples']:>5}  +p50 {fmt(e.get('added_ttft_p50_ms')):>7}"
+                f"  +p99 {fmt(e.get('added_ttft_p99_ms')):>7}  +gap p99 {fmt(e.get('added_gap_p99_ms')):>6}"
+            )
     if result.get("ratios"):
         print()
         print("ratios:")
@@ -713,8 +814,9 @@ def machine() -> str:
 def versions() -> dict[str, str]:
     out = {}
     try:
-        out["taotrace_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                                text=True).stdout.strip()
+        out["taotrace_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         pass
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -722,8 +824,11 @@ def versions() -> dict[str, str]:
         out["nginx"] = subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr.strip()
     ll = HERE / ".litellm-venv" / "bin" / "python"
     if ll.exists():
-        out["litellm"] = subprocess.run([str(ll), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
-                                        capture_output=True, text=True).stdout.strip()
+        out["litellm"] = subprocess.run(
+            [str(ll), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     import aiohttp
 
     out["aiohttp"] = aiohttp.__version__
@@ -735,20 +840,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="~2 minutes: 16/256 tokens, 1 round, 300 held streams")
     ap.add_argument("--arms", default=",".join(ARM_ORDER), help="comma list from: " + ",".join(ARM_ORDER))
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], help="e.g. 1,8,32,128")
-    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], help="tokens per stream, e.g. 16,256,1024")
+    ap.add_argument(
+        "--lengths", type=lambda s: [int(x) for x in s.split(",")], help="tokens per stream, e.g. 16,256,1024"
+    )
     ap.add_argument("--rounds", type=int, help="measured rounds (after the warm-up)")
     ap.add_argument("--samples", type=int, help="TTFT samples per cell per round at 16 tokens")
     ap.add_argument("--hold", type=int, help="idle streams held open for the memory test")
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream time to first token")
     ap.add_argument("--interval-ms", type=float, default=5.0, help="upstream inter-token interval")
-    ap.add_argument("--baseline", metavar="GIT_REF|DIR",
-                    help="add an arm running proxy/ as of GIT_REF, or from DIR/proxy (telemetry on): "
-                         "A/B an optimisation in one run")
-    ap.add_argument("--baseline-env", action="append", default=[], metavar="K=V",
-                    help="extra environment for the baseline arm (e.g. OTEL_TRACES_SAMPLER=always_off)")
-    ap.add_argument("--nice", type=int, default=-10 if os.geteuid() == 0 else 0,
-                    help="niceness of every bench process (default -10 as root: other work on the machine "
-                         "then delays our wake-ups less)")
+    ap.add_argument(
+        "--baseline",
+        metavar="GIT_REF|DIR",
+        help="add an arm running proxy/ as of GIT_REF, or from DIR/proxy (telemetry on): "
+        "A/B an optimisation in one run",
+    )
+    ap.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="extra environment for the baseline arm (e.g. OTEL_TRACES_SAMPLER=always_off)",
+    )
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10 if os.geteuid() == 0 else 0,
+        help="niceness of every bench process (default -10 as root: other work on the machine "
+        "then delays our wake-ups less)",
+    )
     ap.add_argument("--no-install", action="store_true", help="never install nginx or LiteLLM; skip those arms")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import orjson
-
 from payload import run, stream_events
 
 HOLD_MODEL = "bench-hold"
@@ -243,7 +242,10 @@ async def serve(host: str, port: int, ttft: float, interval: float) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"bench upstream on http://{host}:{port} ttft={ttft * 1e3:g}ms interval={interval * 1e3:g}ms pid={os.getpid()}", flush=True)
+    print(
+        f"bench upstream on http://{host}:{port} ttft={ttft * 1e3:g}ms interval={interval * 1e3:g}ms pid={os.getpid()}",
+        flush=True,
+    )
     async with server:
         await stop.wait()
 

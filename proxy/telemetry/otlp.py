@@ -228,10 +228,8 @@ def _fast(spans: Sequence[Any], pause: Callable[[], object] | None) -> bytes:
         s[1].append(_span(span))
     groups: list[tuple[Any, list[tuple[Any, list[bytes]]]]] = []
     for resource, scopes in by_id.values():
-        for (
-            known,
-            known_scopes,
-        ) in groups:  # equal but distinct objects are one group, as in the library
+        # equal but distinct objects are one group, as in the library; the group found stays bound
+        for known, known_scopes in groups:  # noqa: B007
             if known == resource:
                 break
         else:
@@ -267,7 +265,7 @@ def encode_spans(spans: Sequence[Any], pause: Callable[[], object] | None = None
     """
     try:
         return _fast(spans, pause)
-    except Exception:  # anything unusual: the library's encoding (and its error handling)
+    except Exception:  # noqa: BLE001 - anything unusual: the library's encoding (and its error handling)
         return library_encode(spans)
 
 
@@ -296,7 +294,7 @@ def http_exporter(endpoint: str) -> Any:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     class HttpSpanExporter(http.OTLPSpanExporter):  # type: ignore[misc]
-        """OTLP/HTTP protobuf with `proxy.otlp.encode_spans`; everything else is the library's."""
+        """OTLP/HTTP protobuf with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
 
         _fast = True
 
@@ -306,7 +304,7 @@ def http_exporter(endpoint: str) -> Any:
             with self._metrics.export_operation(len(spans)) as result:
                 try:
                     serialized_data = encode_spans(spans, release_gil)  # falls back to the library encoder itself
-                except Exception as error:  # as the library's export: a failed batch, never a raise
+                except Exception as error:  # noqa: BLE001 - as the library's export: a failed batch, never a raise
                     http._logger.error("Failed to encode span batch: %s", error)
                     result.error = error
                     return SpanExportResult.FAILURE
@@ -349,7 +347,7 @@ def grpc_exporter(endpoint: str) -> Any:
         return GrpcExporter(endpoint=endpoint)
 
     class GrpcSpanExporter(GrpcExporter):  # type: ignore[misc]
-        """OTLP/gRPC with `proxy.otlp.encode_spans`; everything else is the library's."""
+        """OTLP/gRPC with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
 
         def _translate_data(self, data: Sequence[Any]) -> ExportTraceServiceRequest:
             return ExportTraceServiceRequest.FromString(encode_spans(data, release_gil))

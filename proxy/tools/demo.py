@@ -20,14 +20,14 @@ import aiohttp
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from proxy.client import Call, api_name, auth_headers, measure
-from proxy.experiments import Run, RunResult, format_report, plan, to_json
 from proxy.lifecycle import run_loop, stop_signalled
 from proxy.serve import running as proxy_running
 from proxy.settings import DEFAULT_UPSTREAM, Settings
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.timing import RequestRecord
+from proxy.tools.client import Call, api_name, auth_headers, measure
+from proxy.tools.experiments import Run, RunResult, format_report, plan, to_json
 
 __all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
 

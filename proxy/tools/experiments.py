@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.client import Measurement
 from proxy.sim.tokens import EstimateTokenizer
-from proxy.table import align, cell
 from proxy.timing import RequestRecord
+from proxy.tools.client import Measurement
+from proxy.tools.table import align, cell
 
 __all__ = ["EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "summaries", "to_json"]
 

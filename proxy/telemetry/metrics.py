@@ -73,7 +73,19 @@ class ModelLabels:
 class _Children:
     """The label children of one (api, model) pair, created once."""
 
-    __slots__ = ("duration", "ttft", "tpot", "itl", "network", "prefill", "decode", "tok_in", "tok_out", "tok_cached", "tok_reasoning")
+    __slots__ = (
+        "duration",
+        "ttft",
+        "tpot",
+        "itl",
+        "network",
+        "prefill",
+        "decode",
+        "tok_in",
+        "tok_out",
+        "tok_cached",
+        "tok_reasoning",
+    )
 
     def __init__(self, m: Metrics, api: str, model: str) -> None:
         self.duration = m.duration.labels(api, model)
@@ -98,12 +110,12 @@ def _observe_many(child: Histogram, values: Sequence[float]) -> None:
     """
     if not values:
         return
-    bounds = child._upper_bounds  # noqa: SLF001 - ends with +Inf, as observe() relies on too
+    bounds = child._upper_bounds
     counts = [0] * len(bounds)
     for v in values:
         counts[bisect_left(bounds, v)] += 1
-    child._sum.inc(sum(values))  # noqa: SLF001
-    buckets = child._buckets  # noqa: SLF001
+    child._sum.inc(sum(values))
+    buckets = child._buckets
     for i, n in enumerate(counts):
         if n:
             buckets[i].inc(n)
@@ -120,7 +132,10 @@ class Metrics:
         self.models = models or ModelLabels()
         am = ("api", "model")
         self.requests = Counter(
-            "taotrace_requests", "Requests forwarded, by outcome.", (*am, "status_code", "error_type"), registry=registry
+            "taotrace_requests",
+            "Requests forwarded, by outcome.",
+            (*am, "status_code", "error_type"),
+            registry=registry,
         )
         self.duration = Histogram(
             "taotrace_request_duration_seconds", "Request head arrival to last byte written to the client.",

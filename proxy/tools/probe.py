@@ -1,7 +1,7 @@
 """`taotrace probe`: the article's measurement script as a tool.
 
 Streams one request (or `--runs N`) to any base URL and prints TTFT, total time, output tokens,
-TPOT and tokens/s as the client sees them (definitions in `proxy.client`). `--json` prints
+TPOT and tokens/s as the client sees them (definitions in `proxy.tools.client`). `--json` prints
 `{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", ...}`; with `--runs` > 1 the
 top-level numbers are medians and `runs` lists each one.
 """
@@ -18,9 +18,9 @@ from typing import Any, Literal, TextIO
 import aiohttp
 from pydantic import Field
 
-from proxy.client import Call, Measurement, api_name, measure
-from proxy.clientconfig import ClientSettings, Target, load_target
-from proxy.table import align, cell
+from proxy.tools.client import Call, Measurement, api_name, measure
+from proxy.tools.clientconfig import ClientSettings, Target, load_target
+from proxy.tools.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
 

@@ -32,9 +32,9 @@ import orjson
 from pydantic import Field
 from yarl import URL
 
-from proxy.client import Call, auth_headers, error_message, measure
-from proxy.clientconfig import DEFAULT_BASE_URL, ClientSettings, Target, load_target
 from proxy.dialects import API_CHAT
+from proxy.tools.client import Call, auth_headers, error_message, measure
+from proxy.tools.clientconfig import DEFAULT_BASE_URL, ClientSettings, Target, load_target
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
 

@@ -1,0 +1,79 @@
+"""The package layout shows the design; these tests keep it that way.
+
+    proxy/            the core: settings, app, forward, upstream, headers, sse, dialects, timing, ...
+    proxy/telemetry/  spans, OTLP encoding, metrics, access log (fed finished records)
+    proxy/tools/      demo, probe, doctor: clients of an endpoint
+    proxy/sim/        the simulated upstream
+
+The core never imports tools/ or sim/; sim/ imports nothing of the proxy but `proxy.lifecycle`
+(the process-lifetime helper every long-running command shares); telemetry/ never imports
+tools/ or sim/.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "proxy"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    # importlib.import_module("proxy.x") with a literal counts too (the CLI loads commands so)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("proxy."):
+            found.add(node.value)
+    return {name for name in found if name == "proxy" or name.startswith("proxy.")}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("tools", "sim", "telemetry"):
+        return parts[1]
+    return "core"
+
+
+def _modules(layer: str) -> list[Path]:
+    files = sorted(PKG.rglob("*.py"))
+    return [f for f in files if _layer(".".join(("proxy", *f.relative_to(PKG).with_suffix("").parts))) == layer]
+
+
+@pytest.mark.parametrize("layer,forbidden", [("core", {"tools", "sim"}), ("telemetry", {"tools", "sim"})])
+def test_lower_layers_never_import_tools_or_sim(layer: str, forbidden: set[str]) -> None:
+    bad = []
+    for path in _modules(layer):
+        if path.name == "cli.py":
+            continue  # the command line is the one place that names every command
+        bad += [f"{path.relative_to(PKG)} imports {m}" for m in _imports(path) if _layer(m) in forbidden]
+    assert not bad, bad
+
+
+def test_sim_imports_nothing_of_the_proxy_but_lifecycle() -> None:
+    bad = []
+    for path in _modules("sim"):
+        for module in _imports(path):
+            if _layer(module) != "sim" and module not in (
+                "proxy.lifecycle",
+                "proxy.lifecycle.run_loop",
+                "proxy.lifecycle.stop_signalled",
+            ):
+                bad.append(f"{path.relative_to(PKG)} imports {module}")
+    assert not bad, bad
+
+
+def test_importing_the_parsers_does_not_load_the_server_or_opentelemetry() -> None:
+    code = "import sys, proxy.sse, proxy.dialects; print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'proxy.serve', 'aiohttp.web'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
