@@ -603,7 +603,7 @@ def test_dockerfile_build_context_builds_the_package(tmp_path: Path) -> None:
     sdist = dist / result.stdout.strip().splitlines()[-1]
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-        assert {"proxy/cli.py", "proxy/serve.py", "proxy/py.typed", "README.md"} <= names
+        assert {"proxy/cli.py", "proxy/serve.py", "proxy/py.typed", "README.md", "LICENSE"} <= names
         entry_points = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("entry_points.txt")))
         assert entry_points is not None and "taotrace = proxy.cli:main" in entry_points.read().decode()
 

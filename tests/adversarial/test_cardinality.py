@@ -87,7 +87,7 @@ async def test_ten_thousand_model_names(allowlist: list[str], flood: int) -> Non
     assert "other" in values["taotrace_requests"]
     if allowlist:
         # prometheus_client spends ~10-30 us per series. Without an allow-list (101 models, ~22k
-        # series) a render takes 0.25-0.6 s, in a thread: see the README's Reliability section.
+        # series) a render takes 0.25-0.6 s, in a thread: see docs/reliability.md, known limits.
         assert max(timings.values()) < 0.050, timings
     assert grown < 5 * 2**20, grown / 2**20
     print(
