@@ -27,6 +27,7 @@ __all__ = [
     "Usage",
     "api_for_path",
     "inspect_request",
+    "is_chunk",
     "read_body",
     "reader_for",
 ]
@@ -57,6 +58,8 @@ class RequestInfo:
     model: str | None
     stream: bool
     content: str | None = None  # the request's messages as JSON, only when capture is on
+    # GenAI request parameters as span attributes (`gen_ai.request.temperature`, ...), validated
+    params: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,7 @@ class Usage:
     output_tokens: int | None = None
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None  # written to the provider's cache (Anthropic)
 
 
 def api_for_path(path: str) -> str:
@@ -95,6 +99,100 @@ def _model(value: object) -> str | None:
     return None
 
 
+def is_chunk(event: SSEEvent) -> bool:
+    """A streamed item as a client SDK yields it: an event with data, except `[DONE]` and `ping`.
+
+    The OpenAI SDKs stop at `[DONE]`; the Anthropic SDK skips `ping`. Role-only deltas, usage-only
+    chunks and `message_start` are chunks (not tokens): the spec's first chunk may precede the
+    first token.
+    """
+    data = event.data
+    return bool(data) and data != b"[DONE]" and event.event != "ping"
+
+
+_MAX_STOP = 16  # stop sequences kept (each at most MAX_MODEL_LENGTH characters)
+# (body key, attribute, kind) per dialect; the first key present wins for one attribute.
+_COMMON_PARAMS = (
+    ("temperature", "gen_ai.request.temperature", float),
+    ("top_p", "gen_ai.request.top_p", float),
+    ("frequency_penalty", "gen_ai.request.frequency_penalty", float),
+    ("presence_penalty", "gen_ai.request.presence_penalty", float),
+    ("seed", "gen_ai.request.seed", int),
+)
+_PARAMS: dict[str, tuple[tuple[str, str, type], ...]] = {
+    API_CHAT: (
+        *_COMMON_PARAMS,
+        ("max_completion_tokens", "gen_ai.request.max_tokens", int),
+        ("max_tokens", "gen_ai.request.max_tokens", int),
+        ("stop", "gen_ai.request.stop_sequences", list),
+        ("n", "gen_ai.request.choice.count", int),
+    ),
+    API_COMPLETIONS: (
+        *_COMMON_PARAMS,
+        ("max_tokens", "gen_ai.request.max_tokens", int),
+        ("stop", "gen_ai.request.stop_sequences", list),
+        ("n", "gen_ai.request.choice.count", int),
+    ),
+    API_RESPONSES: (
+        ("temperature", "gen_ai.request.temperature", float),
+        ("top_p", "gen_ai.request.top_p", float),
+        ("max_output_tokens", "gen_ai.request.max_tokens", int),
+    ),
+    API_MESSAGES: (
+        ("temperature", "gen_ai.request.temperature", float),
+        ("top_p", "gen_ai.request.top_p", float),
+        ("top_k", "gen_ai.request.top_k", float),
+        ("max_tokens", "gen_ai.request.max_tokens", int),
+        ("stop_sequences", "gen_ai.request.stop_sequences", list),
+    ),
+}
+
+
+def _param(value: object, kind: type) -> object:
+    """The value as the spec's type, or None when it is not one (upstreams reject those anyway)."""
+    if isinstance(value, bool):
+        return None
+    if kind is int:
+        return value if isinstance(value, int) and -(1 << 63) <= value < (1 << 63) else None
+    if kind is float:
+        return float(value) if isinstance(value, (int, float)) and abs(value) < 1e300 else None
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and 0 < len(value) <= _MAX_STOP:
+        if all(isinstance(v, str) and len(v) <= MAX_MODEL_LENGTH for v in value):
+            return tuple(value)
+    return None
+
+
+def _output_type(api: str, obj: dict[str, Any]) -> str | None:
+    """`gen_ai.output.type` from an OpenAI structured-output request: `json` or `text`."""
+    fmt = obj.get("response_format") if api == API_CHAT else None
+    if api == API_RESPONSES:
+        text = obj.get("text")
+        fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("json_object", "json_schema"):
+        return "json"
+    return "text" if kind == "text" else None
+
+
+def request_params(api: str, obj: dict[str, Any]) -> tuple[tuple[str, object], ...]:
+    """The GenAI `gen_ai.request.*` attributes a request body sets, validated and typed."""
+    found: dict[str, object] = {}
+    for key, attribute, kind in _PARAMS.get(api, ()):
+        if attribute in found or key not in obj:
+            continue
+        value = _param(obj[key], kind)
+        if value is not None:
+            found[attribute] = value
+    if found.get("gen_ai.request.choice.count") == 1:
+        del found["gen_ai.request.choice.count"]  # the spec records it only when it is not 1
+    output = _output_type(api, obj)
+    if output is not None:
+        found["gen_ai.output.type"] = output
+    return tuple(found.items())
+
+
 def inspect_request(api: str, body: bytes, *, capture_content: bool = False) -> RequestInfo:
     """Read model and `stream` from a JSON body; anything unexpected yields model None."""
     operation = provider = None
@@ -110,9 +208,13 @@ def inspect_request(api: str, body: bytes, *, capture_content: bool = False) -> 
     if capture_content:
         for key in ("messages", "input", "prompt", "system"):
             if key in obj:
-                content = orjson.dumps({k: obj[k] for k in ("system", "messages", "input", "prompt") if k in obj}).decode()
+                content = orjson.dumps(
+                    {k: obj[k] for k in ("system", "messages", "input", "prompt") if k in obj}
+                ).decode()
                 break
-    return RequestInfo(api, operation, provider, _model(obj.get("model")), obj.get("stream") is True, content)
+    return RequestInfo(
+        api, operation, provider, _model(obj.get("model")), obj.get("stream") is True, content, request_params(api, obj)
+    )
 
 
 def _openai_usage(u: object) -> Usage | None:
@@ -144,6 +246,7 @@ def _anthropic_usage(u: object, previous: Usage | None) -> Usage | None:
         output_tokens=output if output is not None else prev.output_tokens,
         cached_input_tokens=read if read is not None else prev.cached_input_tokens,
         reasoning_tokens=prev.reasoning_tokens,
+        cache_creation_input_tokens=write if write is not None else prev.cache_creation_input_tokens,
     )
 
 
@@ -159,7 +262,16 @@ def _nonempty(value: object) -> bool:
 class StreamReader:
     """Reads one response stream's events. Subclasses know one dialect each."""
 
-    __slots__ = ("usage", "finish_reasons", "response_id", "response_model", "error_type", "_capture", "_text", "_text_len")
+    __slots__ = (
+        "usage",
+        "finish_reasons",
+        "response_id",
+        "response_model",
+        "error_type",
+        "_capture",
+        "_text",
+        "_text_len",
+    )
 
     # events whose type alone says they carry nothing we read: skip the JSON parse
     SKIP: frozenset[str] = frozenset()

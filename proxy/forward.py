@@ -11,6 +11,7 @@ terminating chunk, so a cut stream never looks complete.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.trace import INVALID_SPAN
 
-from proxy.dialects import API_OTHER, StreamReader, Usage, api_for_path, inspect_request, read_body, reader_for
+from proxy.dialects import API_OTHER, StreamReader, Usage, api_for_path, inspect_request, is_chunk, read_body, reader_for
 from proxy.errors import BadTarget, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.telemetry.metrics import Metrics
@@ -93,6 +94,8 @@ class _Relay:
         if reader is not None:
             try:
                 for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
+                    if is_chunk(event):
+                        phase.chunk(t)
                     if reader.feed(event):
                         phase.token(t)
             except Exception:  # noqa: BLE001 - parsing is best effort, forwarding is not
@@ -291,7 +294,7 @@ class Forwarder:
             source = "reported"
         elif streaming and reader is not None:
             source = "counted"
-            usage = Usage(usage.input_tokens, phase.tokens, usage.cached_input_tokens, usage.reasoning_tokens)
+            usage = dataclasses.replace(usage, output_tokens=phase.tokens)
         else:
             source = "none"
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming)

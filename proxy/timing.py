@@ -4,6 +4,10 @@
 
 TTFT = t_first − t0; TPOT = (t_last − t_first) / (output_tokens − 1) (vLLM: the first token is
 excluded); ITL = gaps between consecutive token events; duration = t_end − t0.
+
+A *chunk* (OpenTelemetry GenAI's word) is one streamed item a client SDK would yield: any SSE
+event with data except `[DONE]` and `ping` (see `dialects.is_chunk`), token or not. TTFC =
+first chunk − t0; the chunk gaps feed `gen_ai.client.operation.time_per_output_chunk`.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class RequestTiming:
     pool_wait: float | None = None  # waiting for a free pooled connection
     dns: float | None = None
     connect: float | None = None  # TCP connect plus TLS handshake, timed as one step
+    ttfc: float | None = None  # first chunk (any streamed item), which may precede the first token
+    chunk_gaps: tuple[float, ...] = ()  # between consecutive chunks (the spec's time per output chunk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +73,7 @@ class PhaseClock:
 
     __slots__ = (
         "t0", "t_sent", "t_headers", "t_first_byte", "t_first", "t_last", "tokens", "_gaps",
-        "reused", "pool_wait", "dns", "connect", "_mark",
+        "reused", "pool_wait", "dns", "connect", "_mark", "t_first_chunk", "t_last_chunk", "_chunk_gaps",
     )  # fmt: skip
 
     def __init__(self, t0: float) -> None:
@@ -84,6 +90,9 @@ class PhaseClock:
         self.dns: float | None = None
         self.connect: float | None = None
         self._mark = t0
+        self.t_first_chunk: float | None = None
+        self.t_last_chunk = 0.0
+        self._chunk_gaps = array("d")
 
     def mark(self, t: float) -> None:
         """A connection step (pool wait, DNS, connect) started."""
@@ -114,6 +123,14 @@ class PhaseClock:
         self.t_last = t
         self.tokens += 1
 
+    def chunk(self, t: float) -> None:
+        """One streamed chunk (token or not) arrived (read at time t)."""
+        if self.t_first_chunk is None:
+            self.t_first_chunk = t
+        else:
+            self._chunk_gaps.append(t - self.t_last_chunk)
+        self.t_last_chunk = t
+
     def finish(self, t_end: float, output_tokens: int | None = None, streaming: bool = True) -> RequestTiming:
         """Freeze the phases. `output_tokens` is the reported count when there is one."""
         t0 = self.t0
@@ -142,4 +159,6 @@ class PhaseClock:
             pool_wait=self.pool_wait,
             dns=self.dns,
             connect=self.connect,
+            ttfc=None if self.t_first_chunk is None or not streaming else self.t_first_chunk - t0,
+            chunk_gaps=tuple(self._chunk_gaps) if streaming else (),
         )

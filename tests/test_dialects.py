@@ -15,6 +15,7 @@ from proxy.dialects import (
     Usage,
     api_for_path,
     inspect_request,
+    is_chunk,
     read_body,
     reader_for,
 )
@@ -224,8 +225,8 @@ def test_anthropic_messages_events() -> None:
         is False
     )
     assert reader.feed(ev({"type": "message_stop"}, "message_stop")) is False
-    # GenAI input tokens include cache reads and writes
-    assert reader.usage == Usage(115, 42, 100, None)
+    # GenAI input tokens include cache reads and writes; both are also reported apart
+    assert reader.usage == Usage(115, 42, 100, None, cache_creation_input_tokens=5)
     assert (reader.response_id, reader.response_model, reader.finish_reasons) == ("msg_1", "claude-x", ["end_turn"])
     reader.feed(ev({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}, "error"))
     assert reader.error_type == "stream_error"
@@ -259,3 +260,59 @@ def test_non_streaming_bodies() -> None:
     assert read_body(API_OTHER, b"{}") is None
     garbage = read_body(API_CHAT, b"<html>")
     assert garbage is not None and garbage.usage is None
+
+
+@pytest.mark.parametrize(
+    ("event", "chunk"),
+    [
+        (SSEEvent("message", b'{"choices":[{"delta":{"role":"assistant"}}]}'), True),  # role-only: a chunk, no token
+        (SSEEvent("message", b'{"choices":[],"usage":{}}'), True),  # usage-only chunk
+        (SSEEvent("message_start", b'{"type":"message_start"}'), True),
+        (SSEEvent("message", b"[DONE]"), False),  # the SDKs stop here, yielding nothing
+        (SSEEvent("ping", b'{"type":"ping"}'), False),  # the Anthropic SDK skips it
+        (SSEEvent("message", b""), False),
+    ],
+)
+def test_a_chunk_is_what_an_sdk_yields(event: SSEEvent, chunk: bool) -> None:
+    assert is_chunk(event) is chunk
+
+
+def test_request_parameters_as_genai_attributes() -> None:
+    body = {
+        "model": "m", "temperature": 0.2, "top_p": 1, "max_completion_tokens": 64, "max_tokens": 9,
+        "frequency_penalty": 0.5, "presence_penalty": -1, "seed": 7, "stop": "END", "n": 2,
+        "response_format": {"type": "json_schema"}, "messages": [{"role": "user", "content": "secret"}],
+    }  # fmt: skip
+    params = dict(inspect_request(API_CHAT, json.dumps(body).encode()).params)
+    assert params == {
+        "gen_ai.request.temperature": 0.2,
+        "gen_ai.request.top_p": 1.0,
+        "gen_ai.request.frequency_penalty": 0.5,
+        "gen_ai.request.presence_penalty": -1.0,
+        "gen_ai.request.seed": 7,
+        "gen_ai.request.max_tokens": 64,  # max_completion_tokens wins over the deprecated max_tokens
+        "gen_ai.request.stop_sequences": ("END",),
+        "gen_ai.request.choice.count": 2,
+        "gen_ai.output.type": "json",
+    }
+    assert isinstance(params["gen_ai.request.top_p"], float)
+    anthropic = {"model": "c", "max_tokens": 5, "top_k": 40, "stop_sequences": ["a", "b"], "temperature": 1}
+    assert dict(inspect_request(API_MESSAGES, json.dumps(anthropic).encode()).params) == {
+        "gen_ai.request.temperature": 1.0,
+        "gen_ai.request.top_k": 40.0,
+        "gen_ai.request.max_tokens": 5,
+        "gen_ai.request.stop_sequences": ("a", "b"),
+    }
+    responses = {"model": "m", "max_output_tokens": 100, "text": {"format": {"type": "text"}}}
+    assert dict(inspect_request(API_RESPONSES, json.dumps(responses).encode()).params) == {
+        "gen_ai.request.max_tokens": 100,
+        "gen_ai.output.type": "text",
+    }
+
+
+def test_request_parameters_of_the_wrong_type_are_left_out() -> None:
+    body = {
+        "model": "m", "temperature": "hot", "top_p": True, "max_tokens": 1.5, "seed": 1 << 70,
+        "stop": ["x" * 1000], "n": 1, "response_format": "json",
+    }  # fmt: skip
+    assert inspect_request(API_CHAT, json.dumps(body).encode()).params == ()

@@ -77,7 +77,7 @@ async def test_phase_spans_follow_the_schedule(proxy: Proxied, client: aiohttp.C
     assert dec.end_time <= root.end_time
     assert (pre.end_time - root.start_time) / 1e9 == pytest.approx(PREFILL, abs=0.06)
     assert (dec.end_time - dec.start_time) / 1e9 == pytest.approx(PER_TOKEN * (TOKENS - 1), rel=0.25)
-    assert root.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(PREFILL, abs=0.06)
+    assert root.attributes["taotrace.ttft"] == pytest.approx(PREFILL, abs=0.06)
 
 
 async def test_histograms_observe_the_schedule(

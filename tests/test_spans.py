@@ -6,7 +6,7 @@ import aiohttp
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import Proxied
-from tests.fakes import chat_stream, json_handler, stream_handler
+from tests.fakes import chat_chunk, chat_stream, json_handler, named, sse, stream_handler
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -60,6 +60,7 @@ async def test_root_span_attributes(proxy: Proxied, client: aiohttp.ClientSessio
     assert a["gen_ai.response.finish_reasons"] == ("stop",)
     assert a["gen_ai.response.id"] == "chatcmpl-1"
     assert a["gen_ai.response.time_to_first_chunk"] > 0
+    assert a["taotrace.ttft"] >= a["gen_ai.response.time_to_first_chunk"]
     assert a["server.address"] == host and a["server.port"] == int(port)
     assert a["http.request.method"] == "POST" and a["http.response.status_code"] == 200
     assert a["url.path"] == "/v1/chat/completions"
@@ -112,3 +113,43 @@ async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSessi
         root = p.spans("chat m")[-1]
         assert "PROMPT-CANARY" in root.attributes["gen_ai.input.messages"]
         assert root.attributes["gen_ai.output.messages"] == "tok0 tok1 "
+
+
+async def test_first_chunk_and_first_token_are_apart(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    """The spec's time to first chunk counts the role-only delta; our TTFT waits for text."""
+    frames = sse(chat_chunk(role="assistant", content=""), chat_chunk("Hi"), chat_chunk("!"))
+    proxy.serve(stream_handler(frames, first_delay=0.05, gap=0.3))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+        await r.read()
+    a = proxy.spans("chat m")[-1].attributes
+    assert 0.04 < a["gen_ai.response.time_to_first_chunk"] < 0.3
+    assert a["taotrace.ttft"] - a["gen_ai.response.time_to_first_chunk"] >= 0.25
+    rec = proxy.records[-1]
+    assert rec.timing.ttfc == a["gen_ai.response.time_to_first_chunk"] and rec.timing.ttft == a["taotrace.ttft"]
+    assert len(rec.timing.chunk_gaps) == 2  # three chunks; [DONE] is not one
+
+
+async def test_request_parameters_and_anthropic_cache_tokens_on_the_span(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
+    usage = {"input_tokens": 10, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 5, "output_tokens": 1}
+    frames = [
+        named("message_start", {"type": "message_start", "message": {"id": "msg_9", "model": "claude-x", "usage": usage}}),
+        named("ping", {"type": "ping"}),
+        named("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
+        named("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}),
+        named("message_stop", {"type": "message_stop"}),
+    ]  # fmt: skip
+    proxy.serve(stream_handler(frames))
+    body = {"model": "claude-x", "stream": True, "max_tokens": 64, "temperature": 0.5, "top_k": 5, "messages": []}
+    async with client.post(proxy.url + "/v1/messages", json=body) as r:
+        await r.read()
+    a = proxy.spans("chat claude-x")[-1].attributes
+    assert a["gen_ai.request.max_tokens"] == 64 and a["gen_ai.request.temperature"] == 0.5
+    assert a["gen_ai.request.top_k"] == 5.0
+    assert a["gen_ai.usage.input_tokens"] == 115  # Anthropic's input excludes the cache; the spec's includes it
+    assert a["gen_ai.usage.cache_read.input_tokens"] == 100
+    assert a["gen_ai.usage.cache_creation.input_tokens"] == 5
+    assert a["gen_ai.usage.output_tokens"] == 3
+    assert a["gen_ai.response.id"] == "msg_9" and a["gen_ai.response.finish_reasons"] == ("end_turn",)
+    assert len(proxy.records[-1].timing.chunk_gaps) == 3  # four chunks: ping is not one

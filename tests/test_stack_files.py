@@ -416,7 +416,7 @@ def test_collector_tail_sampling_keeps_errors_and_slow_first_tokens() -> None:
     by_type = {p["type"]: p for p in policies}
     assert by_type["status_code"]["status_code"]["status_codes"] == ["ERROR"]
     conditions = " ".join(c for p in policies if p["type"] == "ottl_condition" for c in p["ottl_condition"]["span"])
-    assert "gen_ai.response.time_to_first_chunk" in conditions and "prefill_wait" in conditions
+    assert "taotrace.ttft" in conditions and "prefill_wait" in conditions
     assert 'attributes["error.type"]' in conditions
     assert 0 < by_type["probabilistic"]["probabilistic"]["sampling_percentage"] < 100
     # The slow-TTFT bar is the SLO's (le="2.5" in the recording rules).

@@ -66,3 +66,25 @@ def test_nothing_sent_means_no_network_phase() -> None:
     clock = PhaseClock(t0=1.0)
     t = clock.finish(1.5)
     assert t.network is None and t.duration == pytest.approx(0.5)
+
+
+def test_first_chunk_precedes_first_token_and_chunk_gaps() -> None:
+    clock = PhaseClock(t0=10.0)
+    clock.sent(10.01)
+    clock.chunk(10.10)  # role-only delta: a chunk, not a token
+    for t in (10.30, 10.32, 10.35):
+        clock.chunk(t)
+        clock.token(t)
+    clock.chunk(10.36)  # usage chunk
+    t = clock.finish(10.4)
+    assert t.ttfc == pytest.approx(0.10)
+    assert t.ttft == pytest.approx(0.30)
+    assert t.chunk_gaps == pytest.approx((0.20, 0.02, 0.03, 0.01))
+    assert t.itl == pytest.approx((0.02, 0.03))
+
+
+def test_non_streaming_has_no_chunk_times() -> None:
+    clock = PhaseClock(t0=0.0)
+    clock.chunk(0.1)
+    t = clock.finish(0.2, streaming=False)
+    assert t.ttfc is None and t.chunk_gaps == ()

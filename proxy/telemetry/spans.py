@@ -123,7 +123,7 @@ _NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpa
 _NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
 _MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
-_MAX_ROOT_ATTRIBUTES = 32  # the root has at most 29 (11 at start, 18 at the end)
+_MAX_ROOT_ATTRIBUTES = 48  # the root has at most 41 (20 at start with 9 request parameters, 21 at the end)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -365,6 +365,8 @@ class Telemetry:
             attributes["gen_ai.request.stream"] = info.stream
             if info.model:
                 attributes["gen_ai.request.model"] = info.model
+            for key, value in info.params:
+                attributes[key] = value
         if self.capture_content and info.content is not None:
             attributes["gen_ai.input.messages"] = info.content[:65536]
         # Most clients send no trace headers; the W3C propagators would then return an empty context.
@@ -464,8 +466,10 @@ class Telemetry:
             ("gen_ai.usage.input_tokens", u.input_tokens),
             ("gen_ai.usage.output_tokens", u.output_tokens),
             ("gen_ai.usage.cache_read.input_tokens", u.cached_input_tokens),
+            ("gen_ai.usage.cache_creation.input_tokens", u.cache_creation_input_tokens),
             ("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens),
-            ("gen_ai.response.time_to_first_chunk", t.ttft),
+            ("gen_ai.response.time_to_first_chunk", t.ttfc),  # the spec's first chunk, not our first token
+            ("taotrace.ttft", t.ttft),
             ("taotrace.ttfb", t.ttfb),
             ("taotrace.time_to_headers", t.time_to_headers),
             ("taotrace.tpot", t.tpot),
