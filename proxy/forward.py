@@ -314,6 +314,7 @@ class Forwarder:
             usage_source=source,
             finish_reasons=tuple(reader.finish_reasons) if reader is not None else (),
             response_id=reader.response_id if reader is not None else None,
+            provider=info.provider,
         )
         self.metrics.record(record)
         self.telemetry.finish(span, record, reader.text if reader is not None else None)

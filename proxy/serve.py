@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
@@ -24,6 +25,7 @@ from proxy.lifecycle import run_loop, stop_signalled
 from proxy.protocol import GuardedAppRunner
 from proxy.settings import Settings
 from proxy.telemetry.accesslog import AccessLog
+from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics, ModelLabels
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
@@ -74,9 +76,16 @@ async def running(
     on_record: Callable[[RequestRecord], None] | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     registry: CollectorRegistry | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> AsyncIterator[Running]:
-    """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit."""
+    """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit.
+
+    `meter_provider`: where the OTLP GenAI metrics go; by default one built from `OTEL_*`
+    (none unless `OTEL_METRICS_EXPORTER` asks for it). A provider passed in is not shut down.
+    """
     own_provider = tracer_provider is None
+    own_meters = meter_provider is None
+    meters = build_meter_provider() if meter_provider is None else meter_provider
     provider = build_tracer_provider() if tracer_provider is None else tracer_provider
     registry = CollectorRegistry() if registry is None else registry
     upstream = upstream_url(settings.upstream)
@@ -92,6 +101,12 @@ async def running(
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
     if settings.access_log:
         observers.append(AccessLog(logging.getLogger("taotrace.access")))
+    genai = None
+    if meters is not None:
+        genai = GenAIMetrics(
+            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=metrics.models
+        )
+        observers.append(genai)
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
         create_proxy_app(settings, telemetry, metrics, state, observers),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
@@ -113,8 +128,14 @@ async def running(
         await _drain(proxy_runner, state, settings.drain_seconds)
         await proxy_runner.cleanup()
         await metrics_runner.cleanup()
+        if genai is not None:
+            await asyncio.to_thread(genai.stop)  # what is queued gets recorded
+        flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
+        if own_meters and meters is not None:
+            flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, TRACE_SHUTDOWN_SECONDS))
         if own_provider:
-            await asyncio.to_thread(shutdown_tracer_provider, provider, TRACE_SHUTDOWN_SECONDS)
+            flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, TRACE_SHUTDOWN_SECONDS))
+        await asyncio.gather(*flushes)
 
 
 async def serve(settings: Settings) -> None:

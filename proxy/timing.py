@@ -66,6 +66,7 @@ class RequestRecord:
     usage_source: str  # "reported" | "counted" | "none"
     finish_reasons: tuple[str, ...]
     response_id: str | None
+    provider: str | None = None  # gen_ai.provider.name
 
 
 class PhaseClock:

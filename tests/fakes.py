@@ -165,11 +165,26 @@ def decode_spans(payloads: Sequence[bytes]) -> list[object]:
     return found
 
 
+def decode_metrics(payloads: Sequence[bytes]) -> list[object]:
+    """The metrics in OTLP protobuf `ExportMetricsServiceRequest` bodies."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    found: list[object] = []
+    for payload in payloads:
+        req = ExportMetricsServiceRequest()
+        req.ParseFromString(payload)
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                found.extend(sm.metrics)
+    return found
+
+
 @dataclass
 class OTLPSink:
-    """A real OTLP/HTTP traces receiver on port 0; keeps the raw protobuf payloads it was sent."""
+    """A real OTLP/HTTP receiver on port 0 (traces and metrics); keeps the raw protobuf payloads."""
 
     payloads: list[bytes] = field(default_factory=list)
+    metric_payloads: list[bytes] = field(default_factory=list)
     url: str = ""
     status: int = 200
     _runner: web.AppRunner | None = None
@@ -179,8 +194,13 @@ class OTLPSink:
             self.payloads.append(await request.read())
             return web.Response(status=self.status, body=b"", content_type="application/x-protobuf")
 
+        async def metrics(request: web.Request) -> web.StreamResponse:
+            self.metric_payloads.append(await request.read())
+            return web.Response(status=self.status, body=b"", content_type="application/x-protobuf")
+
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/v1/traces", traces)
+        app.router.add_post("/v1/metrics", metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -192,6 +212,40 @@ class OTLPSink:
         """Decoded spans of every payload received so far."""
         return decode_spans(self.payloads)
 
+    def metrics(self) -> list[object]:
+        """Decoded metrics of every metrics payload received so far."""
+        return decode_metrics(self.metric_payloads)
+
     async def close(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+class OTLPGrpcMetricsSink:
+    """A real OTLP/gRPC metrics receiver (grpcio server) on a free port; keeps the requests' bytes."""
+
+    def __init__(self) -> None:
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+
+        payloads: list[bytes] = []
+        self.payloads = payloads
+
+        class Service(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
+            def Export(self, request: object, context: object) -> object:
+                payloads.append(request.SerializeToString())  # type: ignore[attr-defined]
+                return metrics_service_pb2.ExportMetricsServiceResponse()
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Service(), self._server)
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        self._server.start()
+        self.url = f"http://127.0.0.1:{port}"
+
+    def metrics(self) -> list[object]:
+        return decode_metrics(self.payloads)
+
+    def close(self) -> None:
+        self._server.stop(None)

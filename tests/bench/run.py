@@ -44,7 +44,7 @@ from procs import Proc, free_port, wait_port  # noqa: E402
 
 PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
-ARM_ORDER = ("direct", "nginx", "taotrace", "taotrace-noexport", "taotrace-baseline", "litellm")
+ARM_ORDER = ("direct", "nginx", "taotrace", "taotrace-metrics", "taotrace-noexport", "taotrace-baseline", "litellm")
 HOLD_TOKENS = 4
 MS = 1e6  # ns per ms
 
@@ -192,7 +192,7 @@ class Bench:
             self.arms["direct"] = Arm("direct", self.upstream_port)
         if "nginx" in wanted:
             self._start_nginx(env)
-        for name in ("taotrace", "taotrace-noexport"):
+        for name in ("taotrace", "taotrace-metrics", "taotrace-noexport"):
             if name in wanted:
                 self._start_taotrace(name, env, upstream_url)
         if self.args.baseline:
@@ -279,6 +279,8 @@ class Bench:
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
                 OTEL_SERVICE_NAME="taotrace-bench",
             )
+        if name == "taotrace-metrics":  # spans as in `taotrace`, plus the GenAI metrics over OTLP
+            penv.update(OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="5000")
         if name == "taotrace-baseline":
             penv.update(kv.split("=", 1) for kv in self.args.baseline_env)  # type: ignore[misc]
         proc = Proc(

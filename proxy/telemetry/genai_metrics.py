@@ -1,0 +1,285 @@
+"""GenAI semantic-convention metrics (v1.41.0) over OTLP, from finished requests.
+
+`build_meter_provider` reads the standard `OTEL_*` variables (export only when
+`OTEL_METRICS_EXPORTER=otlp` or `console`); `GenAIMetrics` is an observer of finished
+`RequestRecord`s. On the event loop it only appends the frozen record to a queue; a worker thread
+records it into the SDK's histograms (~5-10 us per value), and the SDK's
+`PeriodicExportingMetricReader` exports them. Names, units, buckets and attributes are the spec's;
+what the spec has no name for lives under `taotrace.*`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+
+from opentelemetry.metrics import Histogram
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    ConsoleMetricExporter,
+    MetricExporter,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+
+from proxy import __version__
+from proxy.telemetry.metrics import BUCKETS_LATENCY, ERROR_TYPES, ModelLabels
+from proxy.timing import RequestRecord
+
+__all__ = [
+    "BUCKETS_SPEC_SECONDS",
+    "BUCKETS_SPEC_TOKENS",
+    "GenAIMetrics",
+    "build_meter_provider",
+    "shutdown_meter_provider",
+]
+
+log = logging.getLogger("taotrace")
+
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.0"
+# The spec's ExplicitBucketBoundaries advice (v1.41.0) for the four gen_ai.client.* histograms.
+BUCKETS_SPEC_SECONDS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+BUCKETS_SPEC_TOKENS = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
+
+DURATION = "gen_ai.client.operation.duration"
+TOKEN_USAGE = "gen_ai.client.token.usage"
+TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
+TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
+TIME_TO_FIRST_TOKEN = "taotrace.time_to_first_token"
+PHASE_DURATION = "taotrace.phase.duration"
+_BUCKETS = {
+    DURATION: BUCKETS_SPEC_SECONDS,
+    TOKEN_USAGE: BUCKETS_SPEC_TOKENS,
+    TIME_TO_FIRST_CHUNK: BUCKETS_SPEC_SECONDS,
+    TIME_PER_OUTPUT_CHUNK: BUCKETS_SPEC_SECONDS,
+    # Ours: the /metrics buckets (1 ms ... 20 min), since reasoning models think for minutes.
+    TIME_TO_FIRST_TOKEN: BUCKETS_LATENCY,
+    PHASE_DURATION: BUCKETS_LATENCY,
+}
+_ERROR_TYPES = frozenset(ERROR_TYPES)
+QUEUE_LIMIT = 100_000  # records waiting for the worker; beyond this they are dropped (and counted)
+POLL_SECONDS = 0.1
+PAUSE_EVERY = 64  # values recorded before the worker gives the GIL up (see telemetry/otlp.py)
+
+
+def _temporality(env: Mapping[str, str]) -> dict[type, AggregationTemporality]:
+    """OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE: cumulative (default), delta, lowmemory."""
+    choice = env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").strip().lower()
+    if choice in ("delta", "lowmemory"):  # both make histograms delta
+        return {SdkHistogram: AggregationTemporality.DELTA}
+    return {SdkHistogram: AggregationTemporality.CUMULATIVE}
+
+
+def _exporter_from_env(env: Mapping[str, str]) -> MetricExporter | None:
+    kind = env.get("OTEL_METRICS_EXPORTER", "none").split(",")[0].strip().lower()
+    if kind == "console":
+        return ConsoleMetricExporter(preferred_temporality=_temporality(env))
+    if kind != "otlp":
+        return None  # metrics export is opt-in (the SDK's own default would be otlp)
+    metrics_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not (metrics_endpoint or endpoint):
+        return None  # no endpoint: no network export is attempted
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    ).lower()
+    # Headers, timeout, compression and certificates the exporters read from the process environment.
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=metrics_endpoint or endpoint, preferred_temporality=_temporality(env))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    # Per the spec, the generic endpoint gets the signal path appended; the metrics one is used as is.
+    url = metrics_endpoint or f"{(endpoint or '').rstrip('/')}/v1/metrics"
+    return HttpExporter(endpoint=url, preferred_temporality=_temporality(env))
+
+
+def _millis(env: Mapping[str, str], name: str) -> float | None:
+    value = env.get(name, "").strip()
+    return float(value) if value.isdigit() and int(value) > 0 else None
+
+
+def build_meter_provider(env: Mapping[str, str] | None = None) -> MeterProvider | None:
+    """A provider exporting every `OTEL_METRIC_EXPORT_INTERVAL` ms; None when export is not configured."""
+    env = os.environ if env is None else env
+    exporter = _exporter_from_env(env)
+    if exporter is None:
+        return None
+    reader = PeriodicExportingMetricReader(
+        exporter,
+        export_interval_millis=_millis(env, "OTEL_METRIC_EXPORT_INTERVAL"),
+        export_timeout_millis=_millis(env, "OTEL_METRIC_EXPORT_TIMEOUT"),
+    )
+    resource = Resource.create(
+        {"service.name": env.get("OTEL_SERVICE_NAME", "taotrace"), "service.version": __version__}
+    )
+    return MeterProvider([reader], resource=resource, views=views(), shutdown_on_exit=False)
+
+
+def views() -> list[View]:
+    """The spec's bucket advice (and ours for taotrace.*) as SDK Views."""
+    return [
+        View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(list(bounds)))
+        for name, bounds in _BUCKETS.items()
+    ]
+
+
+def shutdown_meter_provider(provider: MeterProvider, timeout: float = 3.0) -> bool:
+    """Export what is left, but never wait more than `timeout` for a dead collector."""
+    worker = threading.Thread(target=provider.shutdown, name="otel-metrics-shutdown", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        log.warning("metrics export did not finish within %.1fs; the last interval is lost", timeout)
+        return False
+    return True
+
+
+class GenAIMetrics:
+    """An observer: queues each finished record; a worker thread records it into the histograms."""
+
+    def __init__(
+        self,
+        provider: MeterProvider,
+        *,
+        server_address: str,
+        server_port: int,
+        models: ModelLabels,
+        response_models: ModelLabels | None = None,
+        queue_limit: int = QUEUE_LIMIT,
+    ) -> None:
+        meter = provider.get_meter("taotrace", __version__, schema_url=SCHEMA_URL)
+        self.duration = meter.create_histogram(DURATION, unit="s", description="GenAI operation duration.")
+        self.tokens = meter.create_histogram(
+            TOKEN_USAGE, unit="{token}", description="Number of input and output tokens used."
+        )
+        self.ttfc = meter.create_histogram(
+            TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time to receive the first chunk, measured from when the client issues the generation "
+            "request to when the first chunk is received in the response stream.",
+        )
+        self.tpoc = meter.create_histogram(
+            TIME_PER_OUTPUT_CHUNK,
+            unit="s",
+            description="Time per output chunk, recorded for each chunk received after the first one, measured as "
+            "the time elapsed from the end of the previous chunk to the end of the current chunk.",
+        )
+        self.ttft = meter.create_histogram(
+            TIME_TO_FIRST_TOKEN, unit="s", description="Request head arrival to the first token event (streams only)."
+        )
+        self.phase = meter.create_histogram(
+            PHASE_DURATION, unit="s", description="Time in each phase (taotrace.phase): network, prefill_wait, decode."
+        )
+        self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
+        # The request model: the very labels /metrics uses (same instance). Response models are
+        # bounded apart, so dated variants never use up the /metrics budget.
+        self.models = models
+        self.response_models = response_models or ModelLabels(models.allowlist, models.limit)
+        self.queue_limit = queue_limit
+        self.dropped = 0
+        self._queue: deque[RequestRecord] = deque()
+        self._drain_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._worker = threading.Thread(target=self._run, name="taotrace-genai-metrics", daemon=True)
+        self._worker.start()
+
+    def __call__(self, rec: RequestRecord) -> None:
+        """On the event loop: one append. Requests that are not GenAI operations are not recorded."""
+        if rec.operation is None:
+            return
+        if len(self._queue) >= self.queue_limit:
+            self.dropped += 1
+            return
+        self._queue.append(rec)
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            self.drain()
+        self.drain()
+
+    def drain(self) -> None:
+        """Record every queued request (the worker does this every 0.1 s)."""
+        with self._drain_lock:
+            queue = self._queue
+            recorded = 0
+            while queue:
+                try:
+                    recorded += self._record(queue.popleft())
+                except Exception:  # one odd record must not stop the worker
+                    log.exception("could not record GenAI metrics for one request")
+                if recorded >= PAUSE_EVERY:
+                    recorded = 0
+                    time.sleep(0)  # let the event loop have the GIL between requests
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Record what is queued and end the worker (the provider is the caller's to shut down)."""
+        self._stop.set()
+        self._worker.join(timeout)
+        if self.dropped:
+            log.warning("GenAI metrics: %d requests dropped (the recording queue was full)", self.dropped)
+
+    def _record(self, rec: RequestRecord) -> int:
+        """Record one request; returns how many values it recorded."""
+        base: dict[str, str | int] = {
+            "gen_ai.operation.name": rec.operation or "",
+            "gen_ai.provider.name": rec.provider or "openai",
+            **self.server,
+        }
+        if rec.model:
+            base["gen_ai.request.model"] = self.models(rec.model)
+        if rec.response_model:
+            base["gen_ai.response.model"] = self.response_models(rec.response_model)
+        t = rec.timing
+        if rec.error_type:
+            error = rec.error_type if rec.error_type in _ERROR_TYPES else "_OTHER"
+            self.duration.record(t.duration, {**base, "error.type": error})
+        else:
+            self.duration.record(t.duration, base)
+        n = 1
+        if rec.usage_source == "reported":  # the spec: billable counts as reported; never estimated
+            u = rec.usage
+            if u.input_tokens is not None:
+                self.tokens.record(u.input_tokens, {**base, "gen_ai.token.type": "input"})
+                n += 1
+            if u.output_tokens is not None:
+                self.tokens.record(u.output_tokens, {**base, "gen_ai.token.type": "output"})
+                n += 1
+        ours = {**base, "taotrace.api": rec.api}
+        if t.network is not None:
+            self.phase.record(t.network, {**ours, "taotrace.phase": "network"})
+            n += 1
+        if not rec.stream:
+            return n
+        if t.ttfc is not None:
+            self.ttfc.record(t.ttfc, base)
+            n += 1
+        n += _record_many(self.tpoc, t.chunk_gaps, base)
+        if t.ttft is not None:
+            self.ttft.record(t.ttft, ours)
+            n += 1
+            if t.prefill_wait is not None:
+                self.phase.record(t.prefill_wait, {**ours, "taotrace.phase": "prefill_wait"})
+                n += 1
+            if t.decode is not None:
+                self.phase.record(t.decode, {**ours, "taotrace.phase": "decode"})
+                n += 1
+        return n
+
+
+def _record_many(histogram: Histogram, values: tuple[float, ...], attributes: dict[str, str | int]) -> int:
+    """One SDK record per value (the SDK has no bulk record), giving the GIL up every PAUSE_EVERY."""
+    record = histogram.record
+    for i, value in enumerate(values, 1):
+        record(value, attributes)
+        if i % PAUSE_EVERY == 0:
+            time.sleep(0)
+    return len(values)
