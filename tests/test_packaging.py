@@ -145,7 +145,15 @@ def test_make_demo_json_is_only_json_on_stdout() -> None:
     venv = Path(sys.prefix)
     stamp = venv / ".installed-runtime"  # -o: treat the install as done (this venv has it)
     result = subprocess.run(
-        ["make", "--no-print-directory", "demo", f"VENV={venv}", "-o", str(stamp), "ARGS=--once --json --time-scale 0.05"],
+        [
+            "make",
+            "--no-print-directory",
+            "demo",
+            f"VENV={venv}",
+            "-o",
+            str(stamp),
+            "ARGS=--once --json --time-scale 0.05",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
