@@ -58,6 +58,8 @@ def make_pool(settings: Settings) -> UpstreamPool:
         read_timeout=settings.read_timeout,
         keepalive=settings.upstream_keepalive,
         max_connections=settings.max_connections,  # 0: no hidden cap on concurrent streams
+        discard_bytes=settings.upstream_discard_bytes,
+        discard_seconds=settings.upstream_discard_seconds,
     )
 
 

@@ -2,9 +2,12 @@
 
 `api_for_path` names the dialect; `inspect_request` reads the model and `stream` flag of a
 request body; a `StreamReader` is fed SSE events and answers "was that a token?" while it
-gathers usage, finish reasons, the response id and model, and mid-stream errors;
-`read_body` does the same for a whole non-streaming JSON body. Nothing here raises on bad
-input: a body that is not what the dialect promises degrades to "unknown", never to an error.
+gathers usage, finish reasons, the response id and model, and mid-stream errors, and sets
+`done` once the dialect's terminal event has gone by (`[DONE]`, `message_stop`,
+`response.completed` / `incomplete` / `failed`: after it the answer is whole, whatever the
+connection does next); `read_body` does the same for a whole non-streaming JSON body. Nothing
+here raises on bad input: a body that is not what the dialect promises degrades to "unknown",
+never to an error.
 """
 
 from __future__ import annotations
@@ -268,6 +271,7 @@ class StreamReader:
         "response_id",
         "response_model",
         "error_type",
+        "done",
         "_capture",
         "_text",
         "_text_len",
@@ -283,6 +287,7 @@ class StreamReader:
         self.response_id: str | None = None
         self.response_model: str | None = None
         self.error_type: str | None = None
+        self.done = False  # the terminal event was read: the client has the whole answer
         self._capture = capture_content
         self._text: list[str] = []
         self._text_len = 0
@@ -324,6 +329,16 @@ class ChatReader(StreamReader):
     """`data: {chat.completion.chunk}` … `data: [DONE]`; legacy completions share the framing."""
 
     __slots__ = ()
+
+    def feed(self, event: SSEEvent) -> bool:
+        data = event.data
+        if data == b"[DONE]":  # the comparison the base class made anyway: the terminal check is free
+            self.done = True
+            return False
+        obj = _loads(data)
+        if not isinstance(obj, dict):
+            return False
+        return self._read(event.event, obj)
 
     def _read(self, kind: str, obj: dict[str, Any]) -> bool:
         if "error" in obj and obj["error"]:
@@ -414,6 +429,10 @@ class ResponsesReader(StreamReader):
         if kind == "error":
             self.error_type = "stream_error"
             return False
+        if kind in _RESPONSES_END:
+            self.done = True
+            if kind == "response.failed":
+                self.error_type = "stream_error"
         response = obj.get("response")
         if not isinstance(response, dict):
             return False
@@ -421,8 +440,6 @@ class ResponsesReader(StreamReader):
         if kind in _RESPONSES_END:
             self.usage = _openai_usage(response.get("usage")) or self.usage
             status = response.get("status")
-            if kind == "response.failed":
-                self.error_type = "stream_error"
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, dict) else None
             self._finish(reason or status)
@@ -434,6 +451,17 @@ class MessagesReader(StreamReader):
 
     __slots__ = ()
     SKIP = frozenset({"ping", "content_block_start", "content_block_stop", "message_stop"})
+
+    def feed(self, event: SSEEvent) -> bool:
+        kind = event.event
+        if kind in self.SKIP:
+            if kind == "message_stop":  # checked only among the skipped events: free for the deltas
+                self.done = True
+            return False
+        obj = _loads(event.data)
+        if not isinstance(obj, dict):
+            return False
+        return self._read(kind, obj)
 
     def _read(self, kind: str, obj: dict[str, Any]) -> bool:
         kind = obj.get("type") if isinstance(obj.get("type"), str) else kind
@@ -458,6 +486,8 @@ class MessagesReader(StreamReader):
             delta = obj.get("delta")
             if isinstance(delta, dict):
                 self._finish(delta.get("stop_reason"))
+        elif kind == "message_stop":  # a stream without `event:` lines names it only in the data
+            self.done = True
         elif kind == "error":
             self.error_type = "stream_error"
         return False

@@ -6,6 +6,11 @@ same immutable bytes; parsing can never fail the request. The client going away 
 handler (aiohttp `handler_cancellation=True`) and we drop the upstream connection, so the
 upstream sees it close; the upstream dying mid-body closes the client's connection without the
 terminating chunk, so a cut stream never looks complete.
+
+Once the client has the whole answer (the stream's terminal event was written to it, or the
+whole body), its leaving is not an abort: many clients close right after `data: [DONE]`. The
+request is recorded as it ended, timed to its last byte written, and the upstream connection
+reads the rest of the body in the background to go back to the pool (`discard_rest`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.trace import INVALID_SPAN
 
-from proxy.dialects import API_OTHER, StreamReader, Usage, api_for_path, inspect_request, is_chunk, read_body, reader_for
+from proxy.dialects import (
+    API_OTHER,
+    StreamReader,
+    Usage,
+    api_for_path,
+    inspect_request,
+    is_chunk,
+    read_body,
+    reader_for,
+)
 from proxy.errors import BadTarget, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.telemetry.metrics import Metrics
@@ -54,7 +68,7 @@ class _Relay:
     sockets. Returns True when the client's send buffer is over the high-water mark.
     """
 
-    __slots__ = ("cap", "chunked", "clock", "copy", "decoder", "phase", "reader", "transport")
+    __slots__ = ("cap", "chunked", "clock", "copy", "decoder", "lost", "phase", "reader", "t_written", "transport")
 
     def __init__(
         self,
@@ -75,11 +89,22 @@ class _Relay:
         self.reader = reader
         self.copy = copy
         self.cap = cap
+        self.t_written: float | None = None  # when the last read was written to the client
+        self.lost = False  # a read came after the client left, unwritten
+
+    @property
+    def done(self) -> bool:
+        """The stream's terminal event was written to the client: it has the whole answer."""
+        reader = self.reader
+        return reader is not None and reader.done
 
     def __call__(self, chunk: bytes) -> bool:
         t = self.clock()
         transport = self.transport
         if transport is None or transport.is_closing():
+            if self.done:
+                return False  # gone after the end: what follows is dropped until discard_rest takes over
+            self.lost = True
             raise _ClientGone
         if not self.chunked:
             transport.write(chunk)
@@ -87,6 +112,7 @@ class _Relay:
             transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))  # one small copy, one send
         else:
             transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+        self.t_written = t
         phase = self.phase
         if phase.t_first_byte is None:
             phase.body_bytes(t)
@@ -173,6 +199,7 @@ class Forwarder:
             span = INVALID_SPAN
         status = 502
         error_type = ""
+        t_end: float | None = None  # None: now
         reader: StreamReader | None = None
         copy: bytearray | None = None
         upstream_resp: UpstreamResponse | None = None
@@ -203,19 +230,25 @@ class Forwarder:
                 copy,
                 MAX_BODY_COPY if status < 400 else MAX_ERROR_COPY,
             )
-            error_type = await self._relay(upstream_resp, request, response, relay)
+            error_type, t_end = await self._relay(upstream_resp, request, response, relay)
             return response
         except asyncio.CancelledError:
-            error_type = "shutdown" if self.is_draining() else "client_abort"
+            if relay is not None and (relay.done or (upstream_resp.complete and not relay.lost)):  # type: ignore[union-attr]
+                t_end = relay.t_written  # the client left with the whole answer: a clean end
+            else:
+                error_type = "shutdown" if self.is_draining() else "client_abort"
             raise
         finally:
             if upstream_resp is not None:
-                upstream_resp.close()  # back to the pool after a full read; dropped otherwise
+                if relay is not None and relay.done and not upstream_resp.complete:
+                    upstream_resp.discard_rest()  # keep the connection if the rest comes soon
+                else:
+                    upstream_resp.close()  # back to the pool after a full read; dropped otherwise
             gauge.dec()
             if relay is not None:
                 reader = relay.reader  # None if parsing gave up midway
             try:
-                self._finish(span, info, method, path, status, error_type, phase, reader, copy)
+                self._finish(span, info, method, path, status, error_type, phase, reader, copy, t_end)
             except Exception:  # noqa: BLE001 - telemetry must never break a request
                 log.exception("telemetry failed for one request")
 
@@ -244,8 +277,9 @@ class Forwarder:
 
     async def _relay(
         self, upstream: UpstreamResponse, request: web.BaseRequest, response: web.StreamResponse, relay: _Relay
-    ) -> str:
-        """Relay the body to its end; returns the error type of a failed body ("" if none)."""
+    ) -> tuple[str, float | None]:
+        """Relay the body to its end; returns the error type of a failed body ("" if none) and,
+        when the end came after the last byte written, that byte's time (None: now)."""
         transport = request.transport
 
         async def drained() -> None:
@@ -257,14 +291,19 @@ class Forwarder:
         try:
             await upstream.relay(relay, drained)
         except BodyFailure as exc:
-            if exc.error_type == "client_abort":
+            if exc.error_type == "client_abort":  # the sink raised: the client left before the end
                 if transport is not None:
                     transport.close()
-                return "client_abort"
-            _cut_client(request)
-            return exc.error_type
-        await response.write_eof()
-        return ""
+                return "client_abort", None
+            _cut_client(request)  # transparent: the client sees the cut it would have seen upstream
+            if relay.done:
+                return "", relay.t_written  # ... but it already had the whole answer
+            return exc.error_type, None
+        try:
+            await response.write_eof()
+        except ConnectionError:  # the client left after the whole body: nothing was lost
+            return "", relay.t_written
+        return "", None
 
     def _finish(
         self,
@@ -277,8 +316,10 @@ class Forwarder:
         phase: PhaseClock,
         reader: StreamReader | None,
         copy: bytearray | None,
+        t_end: float | None = None,
     ) -> None:
-        t_end = self.clock()
+        if t_end is None:
+            t_end = self.clock()
         if copy is not None and not error_type:
             if status >= 400:
                 error_type = error_type_for_status(status, bytes(copy[:4096]))

@@ -40,6 +40,15 @@ class Settings(BaseSettings):
     upstream_keepalive: float = Field(
         4.0, gt=0, description="seconds an idle upstream connection is kept (below the upstream's own)"
     )
+    upstream_discard_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="a client that closes after a stream's terminal event: seconds the upstream's rest of the body "
+        "is read (and discarded) to keep its connection; then it is closed (0: close at once)",
+    )
+    upstream_discard_bytes: int = Field(
+        64 * 1024, ge=0, description="the same, at most this many body bytes; beyond, the connection is closed"
+    )
     client_keepalive: float = Field(
         75.0,
         gt=0,

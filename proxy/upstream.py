@@ -10,6 +10,7 @@ before the event loop does anything else.
     pool = UpstreamPool(URL("https://taotoken.net/api"), connect_timeout=10, read_timeout=300, keepalive=4)
     resp = await pool.request("POST", "/api/v1/chat/completions", headers, body, phase)
     await resp.relay(sink, drained)     # sink(bytes) per read; True asks to pause reading
+    resp.close()                        # or resp.discard_rest() when the client left with all it needed
 
 Timings go straight into the request's `PhaseClock` (pool wait, DNS, connect incl. TLS, reuse,
 request written). Failures before the response head raise `UpstreamFailure` with our own message
@@ -348,12 +349,43 @@ class UpstreamResponse:
             finally:
                 conn.body_waiter = None
 
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end."""
+        return self._conn.complete
+
     def close(self) -> None:
-        """Always called: reuse the connection if the body was read to its end, else drop it."""
+        """Reuse the connection if the body was read to its end, else drop it."""
         conn = self._conn
         conn.sink = None
         conn.release()
         self._pool._release_slot()
+
+    def discard_rest(self) -> None:
+        """Instead of `close()`, when the client already has all it needs of the body (a stream's
+        terminal event) and left: read the rest in the background, discarding it, so the
+        connection can go back to the pool; past the pool's bounds it is closed instead."""
+        self._pool._discard_rest(self)
+
+
+async def _nothing_to_drain() -> None:
+    return None
+
+
+class _Discard:
+    """The sink of `discard_rest`: counts the bytes it drops; over its budget it raises, and
+    `data_received` turns that into a failure that closes the connection."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget
+
+    def __call__(self, chunk: bytes) -> bool:
+        self.left -= len(chunk)
+        if self.left < 0:
+            raise OverflowError("more body than the discard budget")
+        return False
 
 
 def _broken(what: str) -> UpstreamBroken:
@@ -371,6 +403,8 @@ class UpstreamPool:
         read_timeout: float,
         keepalive: float,
         max_connections: int = 0,
+        discard_bytes: int = 64 * 1024,
+        discard_seconds: float = 1.0,
         ssl_context: ssl.SSLContext | None = None,
         clock: Clock = time.perf_counter,
         loop: asyncio.AbstractEventLoop | None = None,
@@ -384,6 +418,8 @@ class UpstreamPool:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.keepalive = keepalive
+        self.discard_bytes = discard_bytes  # bounds on reading a body nobody will receive (discard_rest)
+        self.discard_seconds = discard_seconds
         self.ssl = (ssl_context or ssl.create_default_context()) if base.scheme == "https" else None
         self.clock = clock
         self._limit = asyncio.Semaphore(max_connections) if max_connections > 0 else None
@@ -392,6 +428,7 @@ class UpstreamPool:
         self._dns: tuple[float, list[tuple[Any, ...]]] | None = None
         self._literal = _is_ip(self.host)
         self._closed = False
+        self._discarding: set[asyncio.Task[None]] = set()  # owned here: close() cancels and awaits them
 
     # --- bookkeeping used by connections ---------------------------------------------------
 
@@ -448,6 +485,25 @@ class UpstreamPool:
     def _release_slot(self) -> None:
         if self._limit is not None:
             self._limit.release()
+
+    def _discard_rest(self, resp: UpstreamResponse) -> None:
+        conn = resp._conn
+        if conn.complete or conn.closed or conn.failure is not None or self._closed or self.discard_seconds <= 0:
+            resp.close()
+            return
+        conn.sink = _Discard(self.discard_bytes)  # at once: reads before the task starts are not relayed
+        task = self.loop.create_task(self._discard(resp, conn.sink))
+        self._discarding.add(task)
+        task.add_done_callback(self._discarding.discard)
+
+    async def _discard(self, resp: UpstreamResponse, sink: Sink) -> None:
+        """Read the body to its end within the bounds, then pool the connection; else close it."""
+        try:
+            await asyncio.wait_for(resp.relay(sink, _nothing_to_drain), self.discard_seconds)
+        except (BodyFailure, asyncio.TimeoutError):
+            pass  # cut, garbage, over the byte bound or too slow: close() drops the connection
+        finally:
+            resp.close()  # also releases the connection slot, held until now
 
     async def _acquire(self, phase: PhaseClock, fresh: bool) -> _Connection:
         conn = None if fresh else self._pop_free()
@@ -529,6 +585,11 @@ class UpstreamPool:
     async def close(self) -> None:
         """Drop every connection, idle or busy (called after the drain)."""
         self._closed = True
+        discarding = list(self._discarding)
+        for task in discarding:
+            task.cancel()
+        if discarding:
+            await asyncio.gather(*discarding, return_exceptions=True)
         for conn in list(self._all) + list(self._free):
             conn.abort()
         self._free.clear()

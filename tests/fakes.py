@@ -35,6 +35,7 @@ class FakeUpstream:
     seen: list[SeenRequest] = field(default_factory=list)
     url: str = ""
     disconnected: list[float] = field(default_factory=list)  # loop times at which a handler was cancelled
+    completed: list[float] = field(default_factory=list)  # loop times at which a handler returned
     _runner: web.AppRunner | None = None
 
     async def start(self) -> FakeUpstream:
@@ -42,7 +43,9 @@ class FakeUpstream:
             body = await request.read()
             self.seen.append(SeenRequest(request.method, request.path_qs, request.headers, body))
             try:
-                return await self.handler(request)
+                resp = await self.handler(request)
+                self.completed.append(asyncio.get_running_loop().time())
+                return resp
             except asyncio.CancelledError:
                 self.disconnected.append(asyncio.get_running_loop().time())
                 raise
@@ -83,8 +86,10 @@ def stream_handler(
     content_type: str = "text/event-stream",
     status: int = 200,
     headers: dict[str, str] | None = None,
+    linger: float = 0.0,
 ) -> Handler:
-    """Send each frame as its own write: `first_delay` before the first, `gap` between the rest."""
+    """Send each frame as its own write: `first_delay` before the first, `gap` between the rest,
+    `linger` between the last and the end of the body (the terminating zero-length chunk)."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=status, headers={"Content-Type": content_type, **(headers or {})})
@@ -92,6 +97,8 @@ def stream_handler(
         for i, frame in enumerate(frames):
             await asyncio.sleep(first_delay if i == 0 else gap)
             await resp.write(frame)
+        if linger:
+            await asyncio.sleep(linger)
         await resp.write_eof()
         return resp
 

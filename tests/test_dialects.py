@@ -316,3 +316,52 @@ def test_request_parameters_of_the_wrong_type_are_left_out() -> None:
         "stop": ["x" * 1000], "n": 1, "response_format": "json",
     }  # fmt: skip
     assert inspect_request(API_CHAT, json.dumps(body).encode()).params == ()
+
+
+@pytest.mark.parametrize(
+    ("api", "events", "terminal"),
+    [
+        (API_CHAT, [ev(chunk(content="hi")), ev({"choices": [], "usage": {"completion_tokens": 1}})], ev(b"[DONE]")),
+        (API_COMPLETIONS, [ev({"choices": [{"text": "a"}]})], ev(b"[DONE]")),
+        (API_RESPONSES, [ev({"type": "response.output_text.delta", "delta": "a"}, "response.output_text.delta")],
+         ev({"type": "response.completed", "response": {"usage": {"output_tokens": 1}}}, "response.completed")),
+        (API_RESPONSES, [], ev({"type": "response.incomplete", "response": {}}, "response.incomplete")),
+        (API_RESPONSES, [], ev({"type": "response.completed", "response": {}})),  # data-only: the type names it
+        (API_MESSAGES, [ev({"type": "content_block_delta", "delta": {"text": "a"}}, "content_block_delta"),
+                        ev({"type": "message_delta", "usage": {"output_tokens": 1}}, "message_delta")],
+         ev({"type": "message_stop"}, "message_stop")),
+        (API_MESSAGES, [], ev({"type": "message_stop"})),  # data-only
+    ],
+)  # fmt: skip
+def test_done_only_after_the_terminal_event(api: str, events: list[SSEEvent], terminal: SSEEvent) -> None:
+    reader = reader_for(api)
+    assert reader is not None
+    for event in events:
+        reader.feed(event)
+        assert not reader.done
+    assert reader.feed(terminal) is False  # never a token
+    assert reader.done and reader.error_type is None
+
+
+def test_response_failed_is_terminal_and_an_error() -> None:
+    reader = reader_for(API_RESPONSES)
+    assert reader is not None
+    reader.feed(ev({"type": "response.failed", "response": {"status": "failed"}}, "response.failed"))
+    assert reader.done and reader.error_type == "stream_error"
+
+
+@pytest.mark.parametrize(
+    ("api", "event"),
+    [
+        (API_CHAT, ev({"error": {"message": "x"}})),  # an error chunk is not the end
+        (API_RESPONSES, ev({"type": "response.output_item.done"}, "response.output_item.done")),
+        (API_RESPONSES, ev(b"[DONE]")),  # not this dialect's terminal event
+        (API_MESSAGES, ev({"type": "content_block_stop"}, "content_block_stop")),
+        (API_MESSAGES, ev({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}, "message_delta")),
+    ],
+)
+def test_not_terminal(api: str, event: SSEEvent) -> None:
+    reader = reader_for(api)
+    assert reader is not None
+    reader.feed(event)
+    assert not reader.done
