@@ -19,8 +19,8 @@ from prometheus_client.exposition import choose_encoder
 from yarl import URL
 
 from proxy.forward import Forwarder, Observer
-from proxy.telemetry.metrics import Metrics
 from proxy.settings import Settings
+from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.upstream import UpstreamPool
 

@@ -37,8 +37,8 @@ from proxy.dialects import (
 )
 from proxy.errors import BadTarget, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
-from proxy.telemetry.metrics import Metrics
 from proxy.sse import SSEDecoder
+from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
 from proxy.upstream import BodyFailure, UpstreamPool, UpstreamResponse
@@ -124,7 +124,7 @@ class _Relay:
                         phase.chunk(t)
                     if reader.feed(event):
                         phase.token(t)
-            except Exception:  # noqa: BLE001 - parsing is best effort, forwarding is not
+            except Exception:  # parsing is best effort, forwarding is not
                 log.debug("stream parse failed; timing for this request is partial", exc_info=True)
                 self.reader = None
         elif self.copy is not None and len(self.copy) < self.cap:
@@ -194,7 +194,7 @@ class Forwarder:
         gauge.inc()
         try:
             span = self.telemetry.start(info, method, path, query, request.headers, t0)
-        except Exception:  # noqa: BLE001 - telemetry must never break a request
+        except Exception:  # telemetry must never break a request
             log.exception("could not start the request span")
             span = INVALID_SPAN
         status = 502
@@ -249,17 +249,21 @@ class Forwarder:
                 reader = relay.reader  # None if parsing gave up midway
             try:
                 self._finish(span, info, method, path, status, error_type, phase, reader, copy, t_end)
-            except Exception:  # noqa: BLE001 - telemetry must never break a request
+            except Exception:  # telemetry must never break a request
                 log.exception("telemetry failed for one request")
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds the proxy's limit of {limit} bytes (TAOTRACE_MAX_BODY_BYTES)")
+            raise BodyTooLarge(
+                f"request body of {request.content_length} bytes exceeds the proxy's limit of {limit} bytes (TAOTRACE_MAX_BODY_BYTES)"
+            )
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(f"request body exceeds the proxy's limit of {limit} bytes (TAOTRACE_MAX_BODY_BYTES)") from None
+            raise BodyTooLarge(
+                f"request body exceeds the proxy's limit of {limit} bytes (TAOTRACE_MAX_BODY_BYTES)"
+            ) from None
 
     def _parsers(
         self, api: str, resp: UpstreamResponse, status: int
@@ -285,7 +289,9 @@ class Forwarder:
         async def drained() -> None:
             # aiohttp has no public "wait until the client drained" for raw writes; a slow
             # client is the rare case, so a short poll costs nothing on the hot path.
-            while transport is not None and not transport.is_closing() and transport.get_write_buffer_size() > LOW_WATER:
+            while (
+                transport is not None and not transport.is_closing() and transport.get_write_buffer_size() > LOW_WATER
+            ):
                 await asyncio.sleep(DRAIN_POLL)
 
         try:

@@ -59,9 +59,7 @@ class Settings(BaseSettings):
         default_factory=list, description="model label values kept as-is (comma separated); others become 'other'"
     )
     max_models: int = Field(100, ge=1, description="without an allow-list: distinct model labels before 'other'")
-    capture_content: bool = Field(
-        False, description="record prompt and completion text on spans (off: never recorded)"
-    )
+    capture_content: bool = Field(False, description="record prompt and completion text on spans (off: never recorded)")
     log_level: str = Field("info", description="debug, info, warning, error")
     access_log: bool = Field(False, description="one log line per request (no keys, no query strings)")
 

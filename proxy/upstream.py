@@ -237,7 +237,9 @@ class _Connection(asyncio.Protocol):
             self.timer = self.loop.call_at(due, self._check_idle)
             return
         if not self.head_done:
-            self._fail(UpstreamTimeout(f"upstream {self.pool.where} sent no response headers within the idle read timeout"))
+            self._fail(
+                UpstreamTimeout(f"upstream {self.pool.where} sent no response headers within the idle read timeout")
+            )
         else:
             self._fail(BodyFailure("timeout", f"upstream sent nothing for {self.read_timeout:g}s mid-body"))
 
@@ -550,9 +552,13 @@ class UpstreamPool:
         try:
             conn = await asyncio.wait_for(connect(), self.connect_timeout)
         except asyncio.TimeoutError:
-            raise UpstreamTimeout(f"connecting to upstream {self.where} timed out after {self.connect_timeout:g}s") from None
+            raise UpstreamTimeout(
+                f"connecting to upstream {self.where} timed out after {self.connect_timeout:g}s"
+            ) from None
         except ssl.SSLError as exc:
-            raise UpstreamUnreachable(f"TLS handshake with upstream {self.where} failed ({type(exc).__name__})") from None
+            raise UpstreamUnreachable(
+                f"TLS handshake with upstream {self.where} failed ({type(exc).__name__})"
+            ) from None
         except OSError as exc:
             raise UpstreamUnreachable(f"cannot connect to upstream {self.where} ({type(exc).__name__})") from None
         if self._closed:

@@ -41,7 +41,12 @@ class Case:
 
 def completions_stream() -> list[bytes]:
     chunks = [
-        {"id": "cmpl-1", "object": "text_completion", "model": "m", "choices": [{"text": w, "index": 0, "finish_reason": None}]}
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": "m",
+            "choices": [{"text": w, "index": 0, "finish_reason": None}],
+        }
         for w in ["a", "b", "c"]
     ]
     return sse(*chunks, {**usage_chunk(5, 3), "object": "text_completion"})
@@ -196,7 +201,9 @@ async def test_garbage_after_the_terminal_event_closes_the_connection_request_st
         assert not await second_request_reused(p, client, "/v1/chat/completions")
 
 
-async def test_upstream_cut_after_the_terminal_event_is_a_success(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+async def test_upstream_cut_after_the_terminal_event_is_a_success(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
     """The client still reads: it sees the cut (as it would without the proxy), but it has the
     whole answer, so the request is not a `stream_cut`."""
     frames = chat_stream(5)
@@ -235,7 +242,9 @@ async def test_terminal_event_split_across_reads(proxy: Proxied, client: aiohttp
     assert proxy.upstream.disconnected == []
 
 
-async def test_response_failed_is_the_streams_own_error_not_an_abort(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+async def test_response_failed_is_the_streams_own_error_not_an_abort(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
     frames = responses_stream()[:-1]
     failed = {"id": "resp_1", "object": "response", "model": "gpt-4o-mini", "status": "failed", "output": [],
               "error": {"code": "server_error", "message": "boom"}}  # fmt: skip
@@ -250,7 +259,9 @@ async def test_response_failed_is_the_streams_own_error_not_an_abort(proxy: Prox
 
 
 @pytest.mark.parametrize("api", ["chat_completions", "messages"])
-async def test_close_before_the_terminal_event_is_still_an_abort(api: str, proxy: Proxied, client: aiohttp.ClientSession) -> None:
+async def test_close_before_the_terminal_event_is_still_an_abort(
+    api: str, proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
     """Every token and the usage arrived, but not the terminal event: the client left early."""
     case = CASES[api]
     frames = case.frames
