@@ -16,10 +16,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
-from yarl import URL
 
 from proxy.forward import Forwarder, Observer
-from proxy.settings import Settings
+from proxy.settings import Settings, upstream_url
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.upstream import UpstreamPool
@@ -38,16 +37,6 @@ class ServerState:
 
 STATE_KEY = web.AppKey("state", ServerState)
 POOL_KEY = web.AppKey("pool", UpstreamPool)
-
-
-def upstream_url(raw: str) -> URL:
-    """Validate the upstream base URL once, at start."""
-    url = URL(raw)
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"upstream must be an http(s) URL with a host, got {raw!r}")
-    if url.query_string or url.fragment:
-        raise ValueError("upstream must not carry a query string or fragment")
-    return url
 
 
 def make_pool(settings: Settings) -> UpstreamPool:

@@ -2,20 +2,23 @@
 
 Each command is a pydantic-settings class (env prefix `TAOTRACE_`) and a `run(settings) -> int`.
 A flag given on the command line overrides the environment, which overrides the default.
+Mistakes in flags or variables are one line on stderr and exit status 2, as argparse does.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-import types
-import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ValidationError
+
+from proxy import __version__
+from proxy.flags import add_model_flags, explain
 
 
 @dataclass(frozen=True)
@@ -40,79 +43,74 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+class UsageError(Exception):
+    """Bad flags or variables: `lines` say which and what is allowed."""
+
+    def __init__(self, prog: str, lines: Sequence[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.prog = prog
+        self.lines = list(lines)
 
 
-def _is_list(annotation: object) -> bool:
-    for arg in (annotation, *typing.get_args(annotation)):
-        if typing.get_origin(arg) is list or arg is list:
-            return True
-    return False
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors are one line (a command's usage runs to fifteen)."""
 
-
-def _base_type(annotation: object) -> object:
-    """`int | None` -> int; `Annotated[list[str], ...]` -> list."""
-    if typing.get_origin(annotation) is typing.Annotated:
-        annotation = typing.get_args(annotation)[0]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return _base_type(args[0])
-    return annotation
-
-
-def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One flag per settings field; defaults stay unset so the environment can fill them."""
-    for name, field in model.model_fields.items():
-        if field.exclude or (field.json_schema_extra or {}).get("cli") is False:  # type: ignore[union-attr]
-            continue
-        _add_field(parser, name, field)
-
-
-def _add_field(parser: argparse.ArgumentParser, name: str, field: FieldInfo) -> None:
-    kind = _base_type(field.annotation)
-    help_text = field.description or ""
-    # `json_schema_extra={"flag": "--json"}` names the flag when the field name can't (`json` shadows BaseModel).
-    flag = str((field.json_schema_extra or {}).get("flag") or _flag(name))  # type: ignore[union-attr]
-    if kind is bool:
-        parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-    elif _is_list(kind):
-        parser.add_argument(flag, dest=name, default=None, metavar="A,B", help=help_text)
-    elif kind in (int, float):
-        parser.add_argument(flag, dest=name, type=kind, default=None, help=help_text)  # type: ignore[arg-type]
-    else:
-        parser.add_argument(flag, dest=name, default=None, help=help_text)
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     """The parser; only the selected command's module is imported (fast start, isolated failures)."""
-    parser = argparse.ArgumentParser(prog="taotrace", description="Where the time of every LLM call goes.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = _Parser(prog="taotrace", description="Where the time of every LLM call goes.")
+    parser.add_argument("--version", action="version", version=f"taotrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for command in COMMANDS:
-        sp = sub.add_parser(command.name, help=command.help, description=command.help)
+        sp = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=f"{command.help}. Each flag also reads the environment variable named in its help.",
+        )
         sp.set_defaults(_command=command)
         if command.name == selected:
-            module = importlib.import_module(command.module)
-            add_model_flags(sp, getattr(module, command.settings))
+            add_model_flags(sp, settings_class(command))
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def settings_class(command: Command) -> type[BaseModel]:
+    cls: type[BaseModel] = getattr(importlib.import_module(command.module), command.settings)
+    return cls
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[Command, BaseModel] | None:
+    """The command and its validated settings (None: no command given). Raises `UsageError`;
+    argparse's own errors exit 2 with one line."""
     names = {c.name for c in COMMANDS}
     selected = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(selected if selected in names else None)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(list(argv))
     command: Command | None = getattr(args, "_command", None)
     if command is None:
         parser.print_help()
-        return 2
-    module = importlib.import_module(command.module)
-    settings_cls = getattr(module, command.settings)
+        return None
+    cls = settings_class(command)
     given = {k: v for k, v in vars(args).items() if v is not None and not k.startswith("_") and k != "command"}
-    settings = settings_cls(**given)
-    run: Callable[[object], int] = getattr(module, command.run)
+    try:
+        return command, cls(**given)
+    except ValidationError as exc:
+        raise UsageError(f"taotrace {command.name}", explain(cls, exc, given, environ)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parsed = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        for line in exc.lines:
+            print(f"{exc.prog}: error: {line}", file=sys.stderr)
+        return 2
+    if parsed is None:
+        return 2
+    command, settings = parsed
+    run: Callable[[BaseModel], int] = getattr(importlib.import_module(command.module), command.run)
     return run(settings)
 
 

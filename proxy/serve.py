@@ -156,7 +156,7 @@ async def serve(settings: Settings) -> None:
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
+        level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -165,11 +165,6 @@ def configure_logging(level: str) -> None:
 def run(settings: Settings) -> int:
     """The `taotrace serve` command."""
     configure_logging(settings.log_level)
-    try:
-        upstream_url(settings.upstream)
-    except ValueError as exc:
-        log.error("%s", exc)
-        return 2
     try:
         run_loop(serve(settings))
     except OSError as exc:

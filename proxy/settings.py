@@ -6,12 +6,36 @@ builds one. OpenTelemetry's own `OTEL_*` variables are left to the SDK.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from yarl import URL
 
 DEFAULT_UPSTREAM = "https://taotoken.net/api"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def upstream_url(raw: str) -> URL:
+    """The upstream base URL, validated: http(s), a host, no query string or fragment."""
+    try:
+        url = URL(raw)
+    except ValueError:
+        raise ValueError(f"not a URL: {raw!r} (expected e.g. {DEFAULT_UPSTREAM})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"upstream must be an http(s) URL with a host, e.g. {DEFAULT_UPSTREAM}")
+    if url.query_string or url.fragment:
+        raise ValueError("upstream must not carry a query string or fragment")
+    return url
+
+
+def check_upstream(value: str) -> str:
+    upstream_url(value)
+    return value
+
+
+def lower(value: object) -> object:
+    return value.lower() if isinstance(value, str) else value
 
 
 def split_csv(value: object) -> object:
@@ -27,9 +51,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TAOTRACE_", extra="ignore")
 
     upstream: str = Field(DEFAULT_UPSTREAM, description="base URL every request is forwarded to")
-    host: str = Field("127.0.0.1", description="address the proxy listens on")
+    host: str = Field("127.0.0.1", min_length=1, description="address the proxy listens on")
     port: int = Field(8787, ge=0, le=65535, description="proxy port")
-    metrics_host: str = Field("127.0.0.1", description="address of /metrics, /healthz, /readyz")
+    metrics_host: str = Field("127.0.0.1", min_length=1, description="address of /metrics, /healthz, /readyz")
     metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics, /healthz, /readyz")
     connect_timeout: float = Field(10.0, gt=0, description="seconds to open a connection upstream (then 504)")
     read_timeout: float = Field(
@@ -60,7 +84,9 @@ class Settings(BaseSettings):
     )
     max_models: int = Field(100, ge=1, description="without an allow-list: distinct model labels before 'other'")
     capture_content: bool = Field(False, description="record prompt and completion text on spans (off: never recorded)")
-    log_level: str = Field("info", description="debug, info, warning, error")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="how much the proxy logs")
     access_log: bool = Field(False, description="one log line per request (no keys, no query strings)")
 
     _split_allowlist = field_validator("model_allowlist", mode="before")(split_csv)
+    _check_upstream = field_validator("upstream")(check_upstream)
+    _lower_level = field_validator("log_level", mode="before")(lower)

@@ -45,10 +45,9 @@ def test_serve_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> N
         assert flag in out
 
 
-def test_bad_upstream_is_refused_with_a_clear_message(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR):
-        assert main(["serve", "--upstream", "ftp://nowhere", "--port", "0", "--metrics-port", "0"]) == 2
-    assert "upstream must be an http(s) URL" in caplog.text
+def test_bad_upstream_is_refused_with_a_clear_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--upstream", "ftp://nowhere", "--port", "0", "--metrics-port", "0"]) == 2
+    assert "argument --upstream: upstream must be an http(s) URL" in capsys.readouterr().err
 
 
 async def test_access_log_line_has_no_query_or_secrets(start_proxy, client, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from proxy.sim.catalogue import catalogue_from
 
 __all__ = ["SimSettings"]
 
@@ -17,12 +21,33 @@ def _split_csv(value: object) -> object:
     return value
 
 
+def _prefix(value: str) -> str:
+    if value and not value.startswith("/"):
+        raise ValueError(f"a path prefix starts with '/', e.g. /v1 (got {value!r})")
+    return value
+
+
+def _catalogue(value: str | None) -> str | None:
+    """Read the file now, so a bad one is refused with the other settings, not as a traceback."""
+    if value is None:
+        return value
+    try:
+        catalogue_from(json.loads(Path(value).read_text()))
+    except OSError as exc:
+        raise ValueError(f"cannot read the catalogue {value}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"the catalogue {value} is not JSON ({exc})") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"the catalogue {value} cannot be used: {exc}") from None
+    return value
+
+
 class SimSettings(BaseSettings):
     """Everything `taotrace sim` can be told."""
 
     model_config = SettingsConfigDict(env_prefix="TAOTRACE_SIM_", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="address the simulator listens on")
+    host: str = Field("127.0.0.1", min_length=1, description="address the simulator listens on")
     port: int = Field(8788, ge=0, le=65535, description="simulator port (base URL http://HOST:PORT/v1)")
     time_scale: float = Field(
         1.0, gt=0, description="multiplies every simulated duration (0.1 = ten times faster, same ratios)"
@@ -43,8 +68,10 @@ class SimSettings(BaseSettings):
     cache_residual: float = Field(0.05, ge=0, le=1, description="share of a cached prompt token's prefill still paid")
     stall_seconds: float = Field(30.0, ge=0, description="how long the `stall` failure trigger stays silent")
     path_prefix: str = Field(
-        "", description="serve the API only under this prefix, e.g. /v1 (default: any prefix, or none)"
+        "", description="serve the API only under this prefix, e.g. /v1 (empty: any prefix, or none)"
     )
     catalogue: str | None = Field(None, description='JSON file overriding or adding models: {"models": [...]}')
 
     _split_keys = field_validator("api_keys", "bad_keys", mode="before")(_split_csv)
+    _check_prefix = field_validator("path_prefix")(_prefix)
+    _check_catalogue = field_validator("catalogue")(_catalogue)

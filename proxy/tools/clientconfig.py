@@ -35,13 +35,13 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TAOTRACE_", extra="ignore", populate_by_name=True)
 
-    base_url: str = Field(DEFAULT_BASE_URL, description="OpenAI-style base URL (the one an SDK's base_url takes)")
+    base_url: str = Field(DEFAULT_BASE_URL, min_length=1, description="OpenAI-style base URL (the one an SDK's base_url takes)")
     api_key: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices(*KEY_VARIABLES),
         description="API key (default: $TAOTRACE_API_KEY, then $TAOTOKEN_API_KEY); never printed",
     )
-    model: str = Field("gpt-4o-mini", description="model name, or an alias from --config's `models`")
+    model: str = Field("gpt-4o-mini", min_length=1, description="model name, or an alias from --config's `models`")
     config: str | None = Field(None, description="JSON file in the article's layout: base_url, models, default_params")
     timeout: float = Field(60.0, gt=0, description="seconds allowed for connecting and between reads")
     json_output: bool = Field(False, description="print the result as JSON", json_schema_extra={"flag": "--json"})

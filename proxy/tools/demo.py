@@ -17,12 +17,12 @@ from contextlib import AsyncExitStack, suppress
 from typing import Literal, TextIO
 
 import aiohttp
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.lifecycle import run_loop, stop_signalled
 from proxy.serve import running as proxy_running
-from proxy.settings import DEFAULT_UPSTREAM, Settings
+from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.timing import RequestRecord
@@ -48,7 +48,7 @@ class DemoSettings(BaseSettings):
         validation_alias=AliasChoices("TAOTRACE_API_KEY", "TAOTOKEN_API_KEY"),
         description="key for --real (default: $TAOTRACE_API_KEY, then $TAOTOKEN_API_KEY); never printed",
     )
-    host: str = Field("127.0.0.1", description="address the proxy, metrics and simulator listen on")
+    host: str = Field("127.0.0.1", min_length=1, description="address the proxy, metrics and simulator listen on")
     port: int | None = Field(None, ge=0, le=65535, description="proxy port (default 8787; a free one with --once)")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="metrics port (default 9464; a free one with --once)"
@@ -58,11 +58,13 @@ class DemoSettings(BaseSettings):
     api: Literal["chat", "completions", "responses", "messages"] = Field(
         "chat", description="dialect the client speaks"
     )
-    small_model: str = Field("gpt-4o-mini", description="the fast model")
-    large_model: str = Field("gpt-4o", description="the strong model (model_size experiment)")
+    small_model: str = Field("gpt-4o-mini", min_length=1, description="the fast model")
+    large_model: str = Field("gpt-4o", min_length=1, description="the strong model (model_size experiment)")
     max_tokens: int = Field(48, ge=2, description="output tokens per run")
     base_tokens: int = Field(1000, ge=50, description="input tokens of the shortest input_length run (then 2x, 4x)")
     cache_tokens: int = Field(4000, ge=50, description="input tokens of the prefix_cache prompt")
+
+    _check_upstream = field_validator("upstream")(check_upstream)
 
 
 class Records:

@@ -30,7 +30,7 @@ DEFAULT_PROMPT = "In three sentences, explain what happens between sending a pro
 class ProbeSettings(ClientSettings):
     """Everything `taotrace probe` can be told."""
 
-    prompt: str = Field(DEFAULT_PROMPT, description="the prompt to send")
+    prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="the prompt to send")
     prompt_repeat: int = Field(1, ge=1, description="repeat the prompt N times (a longer input: watch TTFT grow)")
     max_tokens: int | None = Field(None, ge=1, description="output cap (default: config default_params, else 128)")
     runs: int = Field(1, ge=1, le=1000, description="how many requests, one after another")
