@@ -80,6 +80,7 @@ def create_proxy_app(
         capture_content=settings.capture_content,
         observers=observers,
         is_draining=lambda: state.draining,
+        server_timing=settings.server_timing,
     )
     app.cleanup_ctx.append(pool_ctx)
     forward = forwarder.handle

@@ -68,7 +68,9 @@ class _Relay:
     sockets. Returns True when the client's send buffer is over the high-water mark.
     """
 
-    __slots__ = ("cap", "chunked", "clock", "copy", "decoder", "lost", "phase", "reader", "t_written", "transport")
+    __slots__ = (
+        "cap", "chunked", "clock", "copy", "decoder", "lost", "phase", "reader", "relayed", "t_written", "transport",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -91,6 +93,7 @@ class _Relay:
         self.cap = cap
         self.t_written: float | None = None  # when the last read was written to the client
         self.lost = False  # a read came after the client left, unwritten
+        self.relayed = phase.relay
 
     @property
     def done(self) -> bool:
@@ -113,6 +116,7 @@ class _Relay:
         else:
             transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
         self.t_written = t
+        self.relayed.append(self.clock() - t)  # the proxy's relay cost for this read
         phase = self.phase
         if phase.t_first_byte is None:
             phase.body_bytes(t)
@@ -130,6 +134,15 @@ class _Relay:
         elif self.copy is not None and len(self.copy) < self.cap:
             self.copy += chunk
         return transport.get_write_buffer_size() > HIGH_WATER
+
+
+def server_timing(phase: PhaseClock) -> str:
+    """The `Server-Timing` value (W3C; durations in ms) of what is known when the head is sent."""
+    sent, headers = phase.t_sent, phase.t_headers
+    if sent is None or headers is None:
+        return ""
+    proxy = phase.t_sent_overhead()
+    return f"network;dur={(sent - phase.t0) * 1e3:.3f}, proxy;dur={proxy * 1e3:.3f}, upstream;dur={(headers - sent) * 1e3:.3f}"
 
 
 def _cut_client(request: web.BaseRequest) -> None:
@@ -154,6 +167,7 @@ class Forwarder:
         observers: Sequence[Observer] = (),
         is_draining: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
+        server_timing: bool = False,
     ) -> None:
         self.pool = pool
         self.base_path = base_path.rstrip("/")  # the upstream URL's path, e.g. "/api"
@@ -164,6 +178,7 @@ class Forwarder:
         self.observers = tuple(observers)
         self.is_draining = is_draining
         self.clock = clock
+        self.server_timing = server_timing
 
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
@@ -215,9 +230,10 @@ class Forwarder:
                 return error.response()
             phase.headers(self.clock())
             status = upstream_resp.status
-            response = web.StreamResponse(
-                status=status, reason=upstream_resp.reason, headers=response_headers(upstream_resp.headers)
-            )
+            head = response_headers(upstream_resp.headers)
+            if self.server_timing:
+                head.add("Server-Timing", server_timing(phase))  # beside the upstream's own, if any
+            response = web.StreamResponse(status=status, reason=upstream_resp.reason, headers=head)
             await response.prepare(request)
             decoder, reader, copy = self._parsers(api, upstream_resp, status)
             relay = _Relay(

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     capture_content: bool = Field(False, description="record prompt and completion text on spans (off: never recorded)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="how much the proxy logs")
     access_log: bool = Field(False, description="one log line per request (no keys, no query strings)")
+    server_timing: bool = Field(
+        False,
+        description="add a Server-Timing response header (network, proxy, upstream ms); off: the head is the upstream's",
+    )
 
     _split_allowlist = field_validator("model_allowlist", mode="before")(split_csv)
     _check_upstream = field_validator("upstream")(check_upstream)

@@ -45,6 +45,9 @@ class RequestTiming:
     connect: float | None = None  # TCP connect plus TLS handshake, timed as one step
     ttfc: float | None = None  # first chunk (any streamed item), which may precede the first token
     chunk_gaps: tuple[float, ...] = ()  # between consecutive chunks (the spec's time per output chunk)
+    # The proxy's own time: head arrival -> request written upstream, minus pool wait, DNS and connect
+    overhead_request: float | None = None
+    relay: tuple[float, ...] = ()  # per upstream read: handed to us -> written to the client socket
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,7 @@ class PhaseClock:
 
     __slots__ = (
         "t0", "t_sent", "t_headers", "t_first_byte", "t_first", "t_last", "tokens", "_gaps",
-        "reused", "pool_wait", "dns", "connect", "_mark", "t_first_chunk", "t_last_chunk", "_chunk_gaps",
+        "reused", "pool_wait", "dns", "connect", "_mark", "t_first_chunk", "t_last_chunk", "_chunk_gaps", "relay",
     )  # fmt: skip
 
     def __init__(self, t0: float) -> None:
@@ -94,6 +97,7 @@ class PhaseClock:
         self.t_first_chunk: float | None = None
         self.t_last_chunk = 0.0
         self._chunk_gaps = array("d")
+        self.relay = array("d")  # appended to by the relay, once per upstream read
 
     def mark(self, t: float) -> None:
         """A connection step (pool wait, DNS, connect) started."""
@@ -162,4 +166,14 @@ class PhaseClock:
             connect=self.connect,
             ttfc=None if self.t_first_chunk is None or not streaming else self.t_first_chunk - t0,
             chunk_gaps=tuple(self._chunk_gaps) if streaming else (),
+            overhead_request=None if self.t_sent is None else self.t_sent_overhead(),
+            relay=tuple(self.relay),
         )
+
+    def t_sent_overhead(self) -> float:
+        """The proxy's own time before the request was written: t_sent − t0 without the steps that
+        are the network's (pool wait, DNS, connect). 0 before the request was written."""
+        if self.t_sent is None:
+            return 0.0
+        waited = (self.pool_wait or 0.0) + (self.dns or 0.0) + (self.connect or 0.0)
+        return max(0.0, self.t_sent - self.t0 - waited)

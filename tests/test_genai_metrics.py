@@ -20,7 +20,7 @@ from proxy.telemetry.genai_metrics import (
     build_meter_provider,
     shutdown_meter_provider,
 )
-from proxy.telemetry.metrics import BUCKETS_LATENCY
+from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD
 from tests.fakes import (
     FakeUpstream,
     OTLPGrpcMetricsSink,
@@ -40,6 +40,7 @@ GENAI = {
     "gen_ai.client.operation.time_per_output_chunk": ("s", BUCKETS_SPEC_SECONDS),
     "taotrace.time_to_first_token": ("s", BUCKETS_LATENCY),
     "taotrace.phase.duration": ("s", BUCKETS_LATENCY),
+    "taotrace.proxy.overhead": ("s", BUCKETS_OVERHEAD),
 }
 
 
@@ -91,6 +92,9 @@ def check_spec_shape(metrics: list[Any], upstream: FakeUpstream, temporality: in
         for p in m.histogram.data_points:
             assert tuple(p.explicit_bounds) == pytest.approx(bounds), m.name
             a = attrs(p)
+            if m.name == "taotrace.proxy.overhead":  # like /metrics: api and stage only
+                assert set(a) == {"taotrace.api", "taotrace.stage"}
+                continue
             assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "openai"
             assert a["gen_ai.request.model"] == "gpt-4o-mini"
             assert a["server.address"] == host and a["server.port"] == int(port)
@@ -115,6 +119,13 @@ def check_spec_shape(metrics: list[Any], upstream: FakeUpstream, temporality: in
     for p in points(metrics, "taotrace.phase.duration"):  # the 401 has no response model: its own point
         phases[attrs(p)["taotrace.phase"]] = phases.get(attrs(p)["taotrace.phase"], 0) + p.count
     assert phases == {"network": 2, "prefill_wait": 1, "decode": 1}
+    overhead = {
+        (attrs(p)["taotrace.api"], attrs(p)["taotrace.stage"]): p for p in points(metrics, "taotrace.proxy.overhead")
+    }
+    assert overhead[("chat_completions", "request")].count == 2  # every request written upstream
+    assert overhead[("other", "request")].count == 1  # not a GenAI operation, still the proxy's cost
+    assert overhead[("chat_completions", "relay")].count >= 2  # per upstream read
+    assert overhead[("chat_completions", "request")].sum < 0.1
 
 
 async def test_http_receiver_cumulative_by_default(upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:

@@ -19,6 +19,7 @@ CONTRACT = {
     "taotrace_phase_duration_seconds": ("histogram", {"api", "model", "phase"}),
     "taotrace_tokens": ("counter", {"api", "model", "type"}),
     "taotrace_in_flight_requests": ("gauge", {"api"}),
+    "taotrace_proxy_overhead_seconds": ("histogram", {"api", "stage"}),  # second round
 }
 
 

@@ -88,3 +88,13 @@ def test_non_streaming_has_no_chunk_times() -> None:
     clock.chunk(0.1)
     t = clock.finish(0.2, streaming=False)
     assert t.ttfc is None and t.chunk_gaps == ()
+
+
+def test_request_overhead_leaves_out_the_networks_steps() -> None:
+    clock = PhaseClock(t0=0.0)
+    clock.pool_wait, clock.dns, clock.connect = 0.002, 0.010, 0.030
+    clock.sent(0.0432)
+    t = clock.finish(1.0, streaming=False)
+    assert t.network == pytest.approx(0.0432)
+    assert t.overhead_request == pytest.approx(0.0012)  # 43.2 ms - 2 - 10 - 30
+    assert PhaseClock(t0=0.0).finish(1.0).overhead_request is None  # never written upstream

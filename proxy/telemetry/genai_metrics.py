@@ -3,8 +3,8 @@
 `build_meter_provider` reads the standard `OTEL_*` variables (export only when
 `OTEL_METRICS_EXPORTER=otlp` or `console`); `GenAIMetrics` is an observer of finished
 `RequestRecord`s. On the event loop it only appends the frozen record to a queue; a worker thread
-records it into the SDK's histograms (~5-10 us per value), and the SDK's
-`PeriodicExportingMetricReader` exports them. Names, units, buckets and attributes are the spec's;
+records it into the SDK's histograms (`BulkRecorder`: a stream's chunk gaps at once),
+and the SDK's `PeriodicExportingMetricReader` exports them. Names, units, buckets and attributes are the spec's;
 what the spec has no name for lives under `taotrace.*`.
 """
 
@@ -17,9 +17,8 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-from opentelemetry.metrics import Histogram
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     ConsoleMetricExporter,
@@ -30,7 +29,8 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from proxy import __version__
-from proxy.telemetry.metrics import BUCKETS_LATENCY, ERROR_TYPES, ModelLabels
+from proxy.telemetry.bulk_record import BulkRecorder
+from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
 from proxy.timing import RequestRecord
 
 __all__ = [
@@ -54,6 +54,7 @@ TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
 TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
 TIME_TO_FIRST_TOKEN = "taotrace.time_to_first_token"
 PHASE_DURATION = "taotrace.phase.duration"
+PROXY_OVERHEAD = "taotrace.proxy.overhead"
 _BUCKETS = {
     DURATION: BUCKETS_SPEC_SECONDS,
     TOKEN_USAGE: BUCKETS_SPEC_TOKENS,
@@ -62,11 +63,12 @@ _BUCKETS = {
     # Ours: the /metrics buckets (1 ms ... 20 min), since reasoning models think for minutes.
     TIME_TO_FIRST_TOKEN: BUCKETS_LATENCY,
     PHASE_DURATION: BUCKETS_LATENCY,
+    PROXY_OVERHEAD: BUCKETS_OVERHEAD,
 }
 _ERROR_TYPES = frozenset(ERROR_TYPES)
 QUEUE_LIMIT = 100_000  # records waiting for the worker; beyond this they are dropped (and counted)
 POLL_SECONDS = 0.1
-PAUSE_EVERY = 64  # values recorded before the worker gives the GIL up (see telemetry/otlp.py)
+PAUSE_EVERY = 16  # requests recorded before the worker gives the GIL up (see telemetry/otlp.py)
 
 
 def _temporality(env: Mapping[str, str]) -> dict[type, AggregationTemporality]:
@@ -121,7 +123,10 @@ def build_meter_provider(env: Mapping[str, str] | None = None) -> MeterProvider 
     resource = Resource.create(
         {"service.name": env.get("OTEL_SERVICE_NAME", "taotrace"), "service.version": __version__}
     )
-    return MeterProvider([reader], resource=resource, views=views(), shutdown_on_exit=False)
+    # No exemplars: values are recorded on a worker thread, where no span is current anyway.
+    return MeterProvider(
+        [reader], resource=resource, views=views(), shutdown_on_exit=False, exemplar_filter=AlwaysOffExemplarFilter()
+    )
 
 
 def views() -> list[View]:
@@ -179,6 +184,14 @@ class GenAIMetrics:
         self.phase = meter.create_histogram(
             PHASE_DURATION, unit="s", description="Time in each phase (taotrace.phase): network, prefill_wait, decode."
         )
+        self.overhead = meter.create_histogram(
+            PROXY_OVERHEAD,
+            unit="s",
+            description="The proxy's own time (taotrace.stage): request, head arrival to upstream write minus "
+            "pool wait, DNS and connect; relay, per upstream read to the client socket.",
+        )
+        self._stages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self._bulk = BulkRecorder()
         self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
         # The request model: the very labels /metrics uses (same instance). Response models are
         # bounded apart, so dated variants never use up the /metrics budget.
@@ -193,9 +206,7 @@ class GenAIMetrics:
         self._worker.start()
 
     def __call__(self, rec: RequestRecord) -> None:
-        """On the event loop: one append. Requests that are not GenAI operations are not recorded."""
-        if rec.operation is None:
-            return
+        """On the event loop: one append."""
         if len(self._queue) >= self.queue_limit:
             self.dropped += 1
             return
@@ -213,11 +224,11 @@ class GenAIMetrics:
             recorded = 0
             while queue:
                 try:
-                    recorded += self._record(queue.popleft())
+                    self._record(queue.popleft())
                 except Exception:  # one odd record must not stop the worker
                     log.exception("could not record GenAI metrics for one request")
-                if recorded >= PAUSE_EVERY:
-                    recorded = 0
+                recorded += 1
+                if recorded % PAUSE_EVERY == 0:
                     time.sleep(0)  # let the event loop have the GIL between requests
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -227,10 +238,23 @@ class GenAIMetrics:
         if self.dropped:
             log.warning("GenAI metrics: %d requests dropped (the recording queue was full)", self.dropped)
 
-    def _record(self, rec: RequestRecord) -> int:
-        """Record one request; returns how many values it recorded."""
+    def _record(self, rec: RequestRecord) -> None:
+        """Record one request."""
+        t = rec.timing
+        record_many = self._bulk.record
+        stages = self._stages.get(rec.api)
+        if stages is None:
+            stages = self._stages[rec.api] = (
+                {"taotrace.api": rec.api, "taotrace.stage": "request"},
+                {"taotrace.api": rec.api, "taotrace.stage": "relay"},
+            )
+        record_many(self.overhead, t.relay, stages[1])
+        if t.overhead_request is not None:
+            record_many(self.overhead, (t.overhead_request,), stages[0])
+        if rec.operation is None:
+            return  # not a GenAI operation (`other`): only the proxy's own cost
         base: dict[str, str | int] = {
-            "gen_ai.operation.name": rec.operation or "",
+            "gen_ai.operation.name": rec.operation,
             "gen_ai.provider.name": rec.provider or "openai",
             **self.server,
         }
@@ -238,48 +262,28 @@ class GenAIMetrics:
             base["gen_ai.request.model"] = self.models(rec.model)
         if rec.response_model:
             base["gen_ai.response.model"] = self.response_models(rec.response_model)
-        t = rec.timing
         if rec.error_type:
             error = rec.error_type if rec.error_type in _ERROR_TYPES else "_OTHER"
-            self.duration.record(t.duration, {**base, "error.type": error})
+            record_many(self.duration, (t.duration,), {**base, "error.type": error})
         else:
-            self.duration.record(t.duration, base)
-        n = 1
+            record_many(self.duration, (t.duration,), base)
         if rec.usage_source == "reported":  # the spec: billable counts as reported; never estimated
             u = rec.usage
             if u.input_tokens is not None:
-                self.tokens.record(u.input_tokens, {**base, "gen_ai.token.type": "input"})
-                n += 1
+                record_many(self.tokens, (u.input_tokens,), {**base, "gen_ai.token.type": "input"})
             if u.output_tokens is not None:
-                self.tokens.record(u.output_tokens, {**base, "gen_ai.token.type": "output"})
-                n += 1
+                record_many(self.tokens, (u.output_tokens,), {**base, "gen_ai.token.type": "output"})
         ours = {**base, "taotrace.api": rec.api}
         if t.network is not None:
-            self.phase.record(t.network, {**ours, "taotrace.phase": "network"})
-            n += 1
+            record_many(self.phase, (t.network,), {**ours, "taotrace.phase": "network"})
         if not rec.stream:
-            return n
+            return
         if t.ttfc is not None:
-            self.ttfc.record(t.ttfc, base)
-            n += 1
-        n += _record_many(self.tpoc, t.chunk_gaps, base)
+            record_many(self.ttfc, (t.ttfc,), base)
+        record_many(self.tpoc, t.chunk_gaps, base)
         if t.ttft is not None:
-            self.ttft.record(t.ttft, ours)
-            n += 1
+            record_many(self.ttft, (t.ttft,), ours)
             if t.prefill_wait is not None:
-                self.phase.record(t.prefill_wait, {**ours, "taotrace.phase": "prefill_wait"})
-                n += 1
+                record_many(self.phase, (t.prefill_wait,), {**ours, "taotrace.phase": "prefill_wait"})
             if t.decode is not None:
-                self.phase.record(t.decode, {**ours, "taotrace.phase": "decode"})
-                n += 1
-        return n
-
-
-def _record_many(histogram: Histogram, values: tuple[float, ...], attributes: dict[str, str | int]) -> int:
-    """One SDK record per value (the SDK has no bulk record), giving the GIL up every PAUSE_EVERY."""
-    record = histogram.record
-    for i, value in enumerate(values, 1):
-        record(value, attributes)
-        if i % PAUSE_EVERY == 0:
-            time.sleep(0)
-    return len(values)
+                record_many(self.phase, (t.decode,), {**ours, "taotrace.phase": "decode"})

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from proxy.timing import RequestRecord
 
-__all__ = ["ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_TOKEN"]
+__all__ = ["ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_TOKEN"]
 
 # 1 ms … 20 min: reasoning models can think for minutes before the first token.
 BUCKETS_LATENCY = (
@@ -26,6 +26,11 @@ BUCKETS_LATENCY = (
 BUCKETS_TOKEN = (
     0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+
+# The proxy's own cost: 10 us ... 100 ms (a relay is a few us; a slow one means a busy event loop).
+BUCKETS_OVERHEAD = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
 
 # The whole `error_type` vocabulary; "" means success. Documented in the README.
@@ -164,7 +169,14 @@ class Metrics:
         self.in_flight = Gauge(
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("api",), registry=registry
         )
+        self.overhead = Histogram(
+            "taotrace_proxy_overhead_seconds",
+            "The proxy's own time: request (head arrival to upstream write, minus pool wait, DNS, connect) "
+            "and relay (per upstream read, to the client socket).",
+            ("api", "stage"), buckets=BUCKETS_OVERHEAD, registry=registry,
+        )  # fmt: skip
         self._children: dict[tuple[str, str], _Children] = {}
+        self._overhead: dict[str, tuple[Histogram, Histogram]] = {}
 
     def children(self, api: str, model_label: str) -> _Children:
         key = (api, model_label)
@@ -200,6 +212,15 @@ class Metrics:
                     i = gaps.index(slowest)
                     gaps = gaps[:i] + gaps[i + 1 :]
                 _observe_many(c.itl, gaps)
+        found = self._overhead.get(rec.api)
+        if found is None:
+            found = self._overhead[rec.api] = (
+                self.overhead.labels(rec.api, "request"),
+                self.overhead.labels(rec.api, "relay"),
+            )
+        if t.overhead_request is not None:
+            found[0].observe(t.overhead_request)
+        _observe_many(found[1], t.relay)
         u = rec.usage
         if u.input_tokens:
             c.tok_in.inc(u.input_tokens)
