@@ -16,11 +16,12 @@ from pydantic import SecretStr
 
 from proxy.sim import SimSettings, running
 from proxy.tools.demo import DemoSettings, demo
+from proxy.tools.experiments import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_KEYS = {
-    "label", "ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s",
-    "proxy_ttft_s", "network_s", "prefill_wait_s", "decode_s",
+    "label", "model", "input_tokens", "cached_tokens", "ttft_s", "total_s", "output_tokens", "tpot_s",
+    "tokens_per_s", "proxy_ttft_s", "network_s", "prefill_wait_s", "decode_s", "kv_bytes",
 }  # fmt: skip
 QUICK = {"once": True, "port": 0, "metrics_port": 0, "time_scale": 0.5, "max_tokens": 24}
 
@@ -49,6 +50,17 @@ def test_json_schema_is_exactly_the_issues(demo_json: dict[str, Any]) -> None:
             assert set(run) == RUN_KEYS
             assert all(run[k] is not None for k in RUN_KEYS), run
             assert run["output_tokens"] == 24
+
+
+def test_every_table_column_is_in_the_json(demo_json: dict[str, Any]) -> None:
+    """The table and the JSON tell the same things: each column is a run key (or the group's name)."""
+    assert {key for _, key in COLUMNS} - {"experiment"} <= RUN_KEYS
+    for experiment in demo_json["experiments"]:
+        for run in experiment["runs"]:
+            assert run["input_tokens"] > run["output_tokens"] and run["cached_tokens"] >= 0
+            assert run["kv_bytes"] > 0
+    first, *repeats = _runs(demo_json, "prefix_cache")
+    assert first["cached_tokens"] < repeats[0]["cached_tokens"] <= repeats[0]["input_tokens"]
 
 
 def test_input_length_raises_ttft_not_tpot(demo_json: dict[str, Any]) -> None:
@@ -100,8 +112,8 @@ async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
     code, results = await demo(settings, out, until=meanwhile)
     text = out.getvalue()
     assert code == 0 and len(results) == 8
-    header = text.splitlines()[2].split()
-    assert header[:6] == ["experiment", "run", "in", "tok", "cached", "TTFT"] and "prefill_wait" in header
+    header = text.splitlines()[2]
+    assert header.split() == " ".join(h for h, _ in COLUMNS).split()
     assert (
         "input_length: input x" in text
         and "prefix_cache: repeats' TTFT" in text

@@ -23,9 +23,19 @@ from proxy.timing import RequestRecord
 from proxy.tools.client import Measurement
 from proxy.tools.table import align, cell
 
-__all__ = ["EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "summaries", "to_json"]
+__all__ = [
+    "COLUMNS", "EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "summaries", "to_json"
+]  # fmt: skip
 
 EXPERIMENTS = ("input_length", "prefix_cache", "model_size")
+# The table's columns and the `--json` key of each (JSON in seconds and bytes; the table in ms and
+# MiB). `experiment` is the name of the run's group in the JSON.
+COLUMNS = (
+    ("experiment", "experiment"), ("run", "label"), ("in tok", "input_tokens"), ("cached", "cached_tokens"),
+    ("TTFT", "ttft_s"), ("total", "total_s"), ("out", "output_tokens"), ("TPOT", "tpot_s"),
+    ("tok/s", "tokens_per_s"), ("proxy TTFT", "proxy_ttft_s"), ("network", "network_s"),
+    ("prefill_wait", "prefill_wait_s"), ("decode", "decode_s"), ("KV MiB", "kv_bytes"),
+)  # fmt: skip
 
 # repeated to reach the sizes asked for (counted with the simulator's documented estimate)
 _PARAGRAPH = (
@@ -99,6 +109,9 @@ class RunResult:
         timing = self.record.timing if self.record is not None else None
         return {
             "label": self.run.label,
+            "model": self.run.model,
+            "input_tokens": self.client.input_tokens,
+            "cached_tokens": self.client.cached_tokens,
             "ttft_s": self.client.ttft_s,
             "total_s": self.client.total_s,
             "output_tokens": self.client.output_tokens,
@@ -108,6 +121,7 @@ class RunResult:
             "network_s": timing.network if timing else None,
             "prefill_wait_s": timing.prefill_wait if timing else None,
             "decode_s": timing.decode if timing else None,
+            "kv_bytes": self.kv_bytes,  # the upstream's KV cache at this request's peak (simulator only)
         }
 
 
@@ -184,11 +198,7 @@ def _ms(value: float | None) -> str:
 
 def format_report(results: Sequence[RunResult]) -> str:
     """The demo's table (times in ms) and its summary lines."""
-    head = (
-        "experiment", "run", "in tok", "cached", "TTFT", "total", "out", "TPOT", "tok/s",
-        "proxy TTFT", "network", "prefill_wait", "decode", "KV MiB",
-    )  # fmt: skip
-    rows = [head]
+    rows = [tuple(header for header, _ in COLUMNS)]
     for r in results:
         c, t = r.client, (r.record.timing if r.record else None)
         rows.append(
