@@ -177,7 +177,7 @@ async def test_the_sdks_work_against_the_sim(sim: SimRunning) -> None:
         usage = chunk.usage or usage
     assert reasoning.startswith("Okay") and content and usage is not None
     assert usage.completion_tokens_details is not None and usage.completion_tokens_details.reasoning_tokens == 64
-    whole = await oai.responses.create(model="gpt-4o", input="hi", max_output_tokens=500)
+    whole = await oai.responses.create(model="gpt-4o", input="hi")
     assert whole.status == "completed" and whole.output_text and whole.usage is not None
     assert sorted(m.id for m in (await oai.models.list()).data) == ["gpt-4o", "gpt-4o-mini", "o3-mini"]
     ant = anthropic.AsyncAnthropic(base_url=sim.url, api_key="k", max_retries=0)
@@ -377,6 +377,42 @@ async def test_stall_trigger_goes_silent_after_the_head(session: aiohttp.ClientS
         )
     assert result.ok and result.ttfb_s is not None and result.ttft_s is not None
     assert result.ttft_s - result.ttfb_s >= 0.28
+
+
+USAGE = {"stream_options": {"include_usage": True}}
+LIMITS = [
+    ("chat_completions", "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **USAGE}, "max_tokens"),
+    ("chat_completions", "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **USAGE}, "max_completion_tokens"),
+    ("completions", "/completions", {"prompt": "hi", **USAGE}, "max_tokens"),
+    ("responses", "/responses", {"input": "hi"}, "max_output_tokens"),
+    ("messages", "/messages", {"messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("api", "path", "body", "limit"), LIMITS, ids=lambda v: v if isinstance(v, str) else None)
+async def test_a_limit_above_the_natural_length_is_honoured(
+    sim: SimRunning, session: aiohttp.ClientSession, api: str, path: str, body: dict[str, Any], limit: str
+) -> None:
+    """The natural answer is 96 tokens; a request asking for 150 gets 150, cut by its limit."""
+    status, events, _ = await _events(
+        session, sim.base_url + path, {**body, "model": "gpt-4o-mini", "stream": True, limit: 150}
+    )
+    reader = reader_for(api)
+    assert status == 200 and reader is not None
+    tokens = sum(reader.feed(e) for e in events if e.data != b"[DONE]")
+    assert reader.usage is not None and reader.usage.output_tokens == 150 and tokens == 150
+    assert reader.finish_reasons and set(reader.finish_reasons) <= {"length", "max_tokens", "max_output_tokens"}
+
+
+async def test_a_limit_above_the_model_s_cap_stops_at_the_cap(session: aiohttp.ClientSession, tmp_path: Any) -> None:
+    catalogue = tmp_path / "models.json"
+    catalogue.write_text('{"models": [{"name": "gpt-4o-mini", "max_output_tokens": 120}]}')
+    async with running(SimSettings(port=0, time_scale=FAST, catalogue=str(catalogue))) as capped:
+        status, events, _ = await _events(session, capped.base_url + "/chat/completions", {**CHAT, "max_tokens": 5000})
+    reader = reader_for("chat_completions")
+    assert status == 200 and reader is not None
+    assert sum(reader.feed(e) for e in events if e.data != b"[DONE]") == 120
+    assert reader.finish_reasons == ["stop"]  # the model ended on its own, before the request's limit
 
 
 async def test_too_long_a_prompt_is_context_length_exceeded(sim: SimRunning, session: aiohttp.ClientSession) -> None:

@@ -183,6 +183,17 @@ def test_reasoning_models_think_first_and_limits_cut_the_output() -> None:
     )
 
 
+def test_a_limit_is_the_output_length_up_to_the_model_s_cap() -> None:
+    natural = plan_output(MINI, max_tokens=None, effort=None, seed="s")
+    assert natural.total == MINI.natural_output_tokens == 96 and natural.finish == "stop"
+    asked = plan_output(MINI, max_tokens=1000, effort=None, seed="s")
+    assert asked.total == 1000 and asked.finish == "length" and len(asked.text.split()) > 500
+    over = plan_output(MINI, max_tokens=MINI.max_output_tokens + 1, effort=None, seed="s")
+    assert over.total == MINI.max_output_tokens == 4096 and over.finish == "stop"
+    thinker = plan_output(REASONER, max_tokens=300, effort="high", seed="s")
+    assert (len(thinker.reasoning), len(thinker.answer)) == (2 * REASONER.reasoning_tokens, 300 - 128)
+
+
 # --- request parsing -----------------------------------------------------------------------
 
 

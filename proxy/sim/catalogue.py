@@ -34,8 +34,10 @@ class ModelSpec:
     prefill_attention_s: float
     # decode: one step per output token for the whole batch; grows by batch_slowdown per extra stream
     decode_per_token_s: float
-    # output lengths when the request sets no limit
+    # output length: without a limit in the request, the answer's natural length (after any
+    # reasoning); with one, exactly that many tokens, but never more than max_output_tokens
     natural_output_tokens: int = 96
+    max_output_tokens: int = 4096
     reasoning_tokens: int = 0  # > 0: a reasoning model; streamed before the answer (medium effort)
     owned_by: str = "taotrace-sim"
 

@@ -74,15 +74,25 @@ def _take(pieces: tuple[str, ...], start: int, count: int) -> tuple[str, ...]:
 
 
 def plan_output(spec: ModelSpec, *, max_tokens: int | None, effort: str | None, seed: str) -> Output:
-    """How many tokens of each kind this request produces, and their text."""
+    """How many tokens of each kind this request produces, and their text.
+
+    No limit in the request: the model's reasoning (by effort) and then its natural answer
+    length (`natural_output_tokens`), finish `stop`. A limit (`max_tokens`,
+    `max_completion_tokens`, `max_output_tokens`): exactly that many tokens, reasoning first,
+    finish `length`, as a real model cut by its limit; a limit above the model's
+    `max_output_tokens` gets that many and finish `stop` (the model ended on its own first).
+    """
     wanted_reasoning = round(spec.reasoning_tokens * _EFFORT.get(effort or "medium", 1.0)) if spec.reasoning else 0
-    wanted = wanted_reasoning + spec.natural_output_tokens
-    cap = max_tokens if max_tokens is not None else wanted
-    reasoning = min(wanted_reasoning, max(0, cap - 1))
-    answer = min(spec.natural_output_tokens, cap - reasoning)
+    if max_tokens is None:
+        total, finish = min(wanted_reasoning + spec.natural_output_tokens, spec.max_output_tokens), "stop"
+    elif max_tokens > spec.max_output_tokens:
+        total, finish = spec.max_output_tokens, "stop"
+    else:
+        total, finish = max_tokens, "length"
+    reasoning = min(wanted_reasoning, max(0, total - 1))  # at least one answer token
     start = _SENTENCE_STARTS[zlib.crc32(seed.encode("utf-8")) % len(_SENTENCE_STARTS)]
     return Output(
         reasoning=_take(_REASONING_PIECES, 0, reasoning),
-        answer=_take(_ANSWER_PIECES, start, answer),
-        finish="length" if wanted > cap else "stop",
+        answer=_take(_ANSWER_PIECES, start, total - reasoning),
+        finish=finish,
     )
