@@ -58,10 +58,47 @@ async def test_all_checks_pass_against_the_simulator(sim: SimRunning) -> None:
 
 
 async def test_key_missing_or_mangled(sim: SimRunning) -> None:
-    failed = _failed((await _doctor(base_url=sim.base_url, api_key=None))[0])
-    assert failed.name == "key" and "TAOTOKEN_API_KEY" in failed.fix
+    checks, _ = await _doctor(base_url=sim.base_url, api_key=None)
+    failed = _failed(checks)
+    assert checks[0].detail.startswith("none set") and failed.name == "auth"  # the endpoint said it wants one
+    assert "wants a key (it answered 401) and none is set" in failed.detail
+    assert failed.fix == "export TAOTOKEN_API_KEY=<your key>  (or pass --api-key)"
     failed = _failed((await _doctor(base_url=sim.base_url, api_key=f'"{SECRET}"'))[0])
     assert failed.name == "key" and "quotes" in failed.detail
+
+
+async def test_a_missing_key_is_named_as_the_config_file_names_it(
+    sim: SimRunning, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("TAOTRACE_API_KEY", "TAOTOKEN_API_KEY", "MY_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "llm.json"
+    config.write_text(json.dumps({"base_url": sim.base_url, "api_key_env": "MY_KEY"}))
+    checks, text = await _doctor(config=str(config), api_key=None)
+    failed = _failed(checks)
+    assert "$MY_KEY (api_key_env in --config)" in checks[0].detail and "$MY_KEY" in failed.detail
+    assert failed.fix == "export MY_KEY=<your key>  (or pass --api-key)"
+    monkeypatch.setenv("MY_KEY", SECRET)
+    checks, text = await _doctor(config=str(config), api_key=None)
+    assert all(c.status == "ok" for c in checks) and "present (from $MY_KEY)" in text
+
+
+async def test_an_endpoint_that_needs_no_key_passes_without_one() -> None:
+    async with running(SimSettings(port=0, time_scale=0.25)) as open_sim:
+        checks, text = await _doctor(base_url=open_sim.base_url, api_key=None)
+    assert all(c.status == "ok" for c in checks), text
+    assert checks[0].detail.startswith("none set") and checks[2].detail.startswith("no key needed")
+
+
+async def test_a_proxy_that_cannot_reach_its_upstream_is_told_as_such(sim: SimRunning) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    settings = Settings(upstream=f"http://127.0.0.1:{closed}", port=0, metrics_port=0, connect_timeout=2)
+    async with proxy_running(settings) as srv:
+        failed = _failed((await _doctor(base_url=srv.proxy_url + "/v1"))[0])
+    assert failed.name == "auth" and "the taotrace proxy answered 502: it cannot reach its upstream" in failed.detail
+    assert "having trouble" not in failed.fix and "--upstream" in failed.fix
 
 
 @pytest.mark.parametrize(
@@ -91,6 +128,8 @@ async def test_network_failures_dns_connect_tls_scheme(sim: SimRunning) -> None:
     for base_url, words in cases.items():
         failed = _failed((await _doctor(base_url=base_url))[0])
         assert failed.name == "network" and words in failed.detail, (base_url, failed)
+    failed = _failed((await _doctor(base_url=sim.base_url.replace("http://", "")))[0])
+    assert failed.fix == f"use --base-url {sim.base_url}"  # the user's own host, with the scheme it lacked
 
 
 async def test_auth_rejects_a_wrong_key(sim: SimRunning) -> None:
@@ -171,4 +210,4 @@ async def test_cli_exit_status_and_json(sim: SimRunning) -> None:
     doc = json.loads(out)
     assert code == 0 and doc["ok"] is True and [c["status"] for c in doc["checks"]] == ["ok"] * 5
     code, out = await cli(key=None)
-    assert code == 1 and b"FAIL  key" in out
+    assert code == 1 and b"FAIL  auth" in out and b"export TAOTOKEN_API_KEY" in out

@@ -184,3 +184,24 @@ async def test_cli_reads_the_key_from_taotoken_api_key_and_prints_json(sim: SimR
     assert json.loads(out)["output_tokens"] == 4 and b"k-cli" not in out + err
     seen = sim.simulator.stats()["requests"]
     assert seen and seen[-1]["output_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("base_url", "fix"),
+    [
+        ("notaurl", "use --base-url https://notaurl"),
+        ("localhost:8787/v1", "use --base-url http://localhost:8787/v1"),
+        ("http://127.0.0.1:8787/v1/chat/completions", "use --base-url http://127.0.0.1:8787/v1"),
+    ],
+)
+async def test_a_bad_base_url_is_told_as_doctor_tells_it(
+    base_url: str, fix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.tools.doctor import DoctorSettings, diagnose
+    from proxy.tools.probe import run
+
+    assert run(ProbeSettings(base_url=base_url, api_key="k")) == 2
+    said = capsys.readouterr().err
+    network = (await diagnose(load_target(DoctorSettings(base_url=base_url, api_key="k"))))[1]
+    assert network.status == "fail" and network.fix == fix
+    assert said == f"probe: {network.detail}; {fix}\n"

@@ -14,8 +14,10 @@ The key is a `SecretStr`: it never shows in a repr, a log line or an error messa
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +25,17 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from yarl import URL
 
-__all__ = ["DEFAULT_BASE_URL", "ClientSettings", "Target", "load_target"]
+__all__ = [
+    "DEFAULT_BASE_URL", "ENDPOINT_SUFFIXES", "BaseURLError", "ClientSettings", "Target", "load_target",
+    "key_hint", "key_places", "parse_base_url", "shown_url",
+]  # fmt: skip
 
 DEFAULT_BASE_URL = "https://taotoken.net/api/v1"
 KEY_VARIABLES = ("TAOTRACE_API_KEY", "TAOTOKEN_API_KEY")
+ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/models", "/embeddings")
+_HOSTLIKE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?(?P<path>/\S*)?$")
 
 
 class ClientSettings(BaseSettings):
@@ -35,7 +43,9 @@ class ClientSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TAOTRACE_", extra="ignore", populate_by_name=True)
 
-    base_url: str = Field(DEFAULT_BASE_URL, min_length=1, description="OpenAI-style base URL (the one an SDK's base_url takes)")
+    base_url: str = Field(
+        DEFAULT_BASE_URL, min_length=1, description="OpenAI-style base URL (the one an SDK's base_url takes)"
+    )
     api_key: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices(*KEY_VARIABLES),
@@ -47,6 +57,68 @@ class ClientSettings(BaseSettings):
     json_output: bool = Field(False, description="print the result as JSON", json_schema_extra={"flag": "--json"})
 
 
+class BaseURLError(ValueError):
+    """A base URL that cannot be called: what is wrong (`cause`) and the URL to use (`fix`)."""
+
+    def __init__(self, cause: str, fix: str) -> None:
+        super().__init__(f"{cause}; {fix}")
+        self.cause = cause
+        self.fix = fix
+
+
+def shown_url(url: str) -> str:
+    """A URL fit to print: no user:password part, no query string."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return url.split("?")[0]
+    if parsed.user or parsed.password:
+        parsed = parsed.with_user(None)
+    return str(parsed.with_query(None))
+
+
+def _local(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return not ipaddress.ip_address(host.strip("[]")).is_global
+    except ValueError:
+        return False
+
+
+def _with_scheme(text: str) -> str | None:
+    """`localhost:8787/v1` -> `http://localhost:8787/v1`, `api.example.com/v1` -> `https://...`:
+    the URL the user most likely meant, or None when the text does not look like host[:port][/path]."""
+    found = _HOSTLIKE.match(text.split("://", 1)[-1])
+    if found is None:
+        return None
+    host, port = found["host"], found["port"]
+    plain = _local(host) or (port is not None and port != "443")
+    return ("http://" if plain else "https://") + text.split("://", 1)[-1]
+
+
+def parse_base_url(base: str) -> URL:
+    """The one check of a client base URL (probe and doctor): http(s), a host, and no endpoint
+    path glued on. Raises `BaseURLError` whose fix names the user's own host."""
+    try:
+        url = URL(base)
+    except ValueError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.host:
+        guess = _with_scheme(base)
+        fix = f"use --base-url {shown_url(guess)}" if guess else f"use e.g. --base-url {DEFAULT_BASE_URL}"
+        typed = re.sub(r"//[^/@]*@", "//", base.split("?")[0])  # as typed, less any user:password
+        raise BaseURLError(f"base URL {typed!r} has no http(s):// scheme and host", fix)
+    for suffix in ENDPOINT_SUFFIXES:
+        if url.path.rstrip("/").endswith(suffix):
+            fixed = str(url.with_path(url.path.rstrip("/")[: -len(suffix)] or "/").with_query(None)).rstrip("/")
+            raise BaseURLError(
+                f"base URL ends with the endpoint path {suffix!r}: clients add it themselves",
+                f"use --base-url {shown_url(fixed)}",
+            )
+    return url
+
+
 @dataclass(frozen=True)
 class Target:
     """Where to call, resolved from flags, environment and the config file."""
@@ -56,6 +128,7 @@ class Target:
     api_key: str | None = field(repr=False)
     key_source: str | None  # which flag or variable the key came from (never the key itself)
     params: Mapping[str, Any] = field(default_factory=dict)
+    key_env: str | None = None  # the config file's `api_key_env`: where the user keeps the key
 
 
 def _model_entry(entry: object) -> tuple[str | None, dict[str, Any]]:
@@ -89,9 +162,25 @@ def load_target(settings: ClientSettings) -> Target:
         model = name
         params.update(extra)
     key, source = None, None
+    key_env = data.get("api_key_env") if isinstance(data.get("api_key_env"), str) else None
     if settings.api_key is not None:
         key = settings.api_key.get_secret_value()
         source = next((f"${name}" for name in KEY_VARIABLES if os.environ.get(name) == key), "--api-key")
-    elif isinstance(data.get("api_key_env"), str) and os.environ.get(data["api_key_env"]):
-        key, source = os.environ[data["api_key_env"]], f"${data['api_key_env']}"
-    return Target(base_url=base_url.rstrip("/"), model=model, api_key=key, key_source=source, params=params)
+    elif key_env and os.environ.get(key_env):
+        key, source = os.environ[key_env], f"${key_env}"
+    return Target(
+        base_url=base_url.rstrip("/"), model=model, api_key=key, key_source=source, params=params, key_env=key_env
+    )
+
+
+def key_hint(target: Target) -> str:
+    """Where to put a key, in the user's own terms."""
+    return f"export {target.key_env or KEY_VARIABLES[1]}=<your key>  (or pass --api-key)"
+
+
+def key_places(target: Target) -> str:
+    """Where a key was looked for."""
+    places = ["--api-key", *(f"${name}" for name in KEY_VARIABLES)]
+    if target.key_env:
+        places.insert(0, f"${target.key_env} (api_key_env in --config)")
+    return ", ".join(places)

@@ -1,11 +1,14 @@
 """`taotrace doctor`: the article's troubleshooting order, one check at a time.
 
-    key      a key is present (flag, $TAOTRACE_API_KEY or $TAOTOKEN_API_KEY) and has no stray
-             whitespace or quotes; the key itself is never printed
+    key      a key is present (flag, $TAOTRACE_API_KEY, $TAOTOKEN_API_KEY, or the config's
+             `api_key_env`) and has no stray whitespace or quotes; the key itself is never
+             printed. No key is not a failure here: an endpoint that wants one says so at auth
+             (then the fix names the variable to set); one that needs none (the simulator) passes
     network  the base URL is well formed (http(s), no endpoint path glued on), its host
              resolves, a TCP connection opens, TLS completes, and `GET {base}/models` is routed
              (a 404 there means a path is added or missing: the right base URL is named)
-    auth     `GET {base}/models` accepts the key (401/403 say so)
+    auth     `GET {base}/models` accepts the key (401/403 say so); a taotrace proxy's own 502/504
+             is told as the proxy failing to reach its upstream, not as the endpoint's trouble
     model    `--model` is in that list (close names are suggested)
     stream   a tiny streaming chat request parses chunk by chunk: tokens, the usage-only chunk
              with empty `choices`, `data: [DONE]`
@@ -34,12 +37,22 @@ from yarl import URL
 
 from proxy.dialects import API_CHAT
 from proxy.tools.client import Call, auth_headers, error_message, measure
-from proxy.tools.clientconfig import DEFAULT_BASE_URL, ClientSettings, Target, load_target
+from proxy.tools.clientconfig import (
+    DEFAULT_BASE_URL,
+    BaseURLError,
+    ClientSettings,
+    Target,
+    key_hint,
+    key_places,
+    load_target,
+    parse_base_url,
+    shown_url,
+)
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
 
-ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/models", "/embeddings")
 STREAM_PROMPT = "Say OK."
+PROXY_ERROR_PREFIX = "taotrace: "  # how the proxy's own error bodies start (proxy/errors.py)
 
 
 class DoctorSettings(ClientSettings):
@@ -78,15 +91,7 @@ class _State:
     model_ids: list[str] = field(default_factory=list)
 
 
-def _shown(url: str) -> str:
-    """A URL fit to print: no user:password part, no query string."""
-    try:
-        parsed = URL(url)
-    except ValueError:
-        return url.split("?")[0]
-    if parsed.user or parsed.password:
-        parsed = parsed.with_user(None)
-    return str(parsed.with_query(None))
+_shown = shown_url
 
 
 # --- key -----------------------------------------------------------------------------------
@@ -94,11 +99,8 @@ def _shown(url: str) -> str:
 
 async def check_key(state: _State) -> str:
     key = state.target.api_key
-    if not key:
-        raise Failed(
-            "no API key: neither --api-key nor $TAOTOKEN_API_KEY (or $TAOTRACE_API_KEY) is set",
-            "export TAOTOKEN_API_KEY=<your key>  (or pass --api-key)",
-        )
+    if not key:  # not a failure yet: some endpoints (taotrace sim, a local vLLM) need none; auth tells
+        return f"none set (looked in {key_places(state.target)}); going on without one"
     if key != key.strip() or any(c in key for c in "\"' \t\r\n"):
         raise Failed(
             "the key contains whitespace or quotes (copied with them?)",
@@ -107,27 +109,39 @@ async def check_key(state: _State) -> str:
     return f"present (from {state.target.key_source})"
 
 
+def _no_key(state: _State, status: int) -> Failed:
+    return Failed(
+        f"the endpoint wants a key (it answered {status}) and none is set: looked in {key_places(state.target)}",
+        key_hint(state.target),
+    )
+
+
+def _proxy_trouble(status: int, message: str) -> Failed | None:
+    """A taotrace proxy's own 502/504 (its upstream failed, not this endpoint): say so."""
+    if status not in (502, 503, 504) or not message.startswith(PROXY_ERROR_PREFIX):
+        return None
+    cause = message.removeprefix(PROXY_ERROR_PREFIX)
+    if status == 504:
+        what = "timed out reaching its upstream"
+    elif "shutting down" in cause:
+        what = "is shutting down"
+    else:
+        what = "cannot reach its upstream"
+    return Failed(
+        f"the taotrace proxy answered {status}: it {what} ({cause})",
+        "check the proxy's --upstream (its start-up log line names it) and that the upstream is up; "
+        "`taotrace doctor --base-url <the upstream's base URL>` checks the upstream directly",
+    )
+
+
 # --- network -------------------------------------------------------------------------------
 
 
 def _parse_base(base: str) -> URL:
     try:
-        url = URL(base)
-    except ValueError:
-        raise Failed(f"base URL {base!r} is not a URL", f"use e.g. --base-url {DEFAULT_BASE_URL}") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise Failed(
-            f"base URL {_shown(base)!r} has no http(s):// scheme and host",
-            f"use e.g. --base-url {DEFAULT_BASE_URL}",
-        )
-    for suffix in ENDPOINT_SUFFIXES:
-        if url.path.rstrip("/").endswith(suffix):
-            fixed = str(url.with_path(url.path.rstrip("/")[: -len(suffix)] or "/").with_query(None)).rstrip("/")
-            raise Failed(
-                f"base URL ends with the endpoint path {suffix!r}: clients add it themselves",
-                f"use --base-url {fixed}",
-            )
-    return url
+        return parse_base_url(base)
+    except BaseURLError as exc:
+        raise Failed(exc.cause, exc.fix) from None
 
 
 async def _reach(url: URL, timeout: float) -> list[str]:
@@ -227,6 +241,8 @@ async def check_network(state: _State) -> str:
 
 async def check_auth(state: _State) -> str:
     status = state.models_status
+    if status in (401, 403) and not state.target.api_key:
+        raise _no_key(state, status)
     if status in (401, 403):
         raise Failed(
             f"the key was rejected: GET /models answered {status}: {error_message(state.models_body)}",
@@ -235,7 +251,7 @@ async def check_auth(state: _State) -> str:
     if status == 429:
         raise Failed("rate limited (429) already on GET /models", "wait and retry; check the account's quota")
     if status != 200:
-        raise Failed(
+        raise _proxy_trouble(status or 0, error_message(state.models_body)) or Failed(
             f"GET /models answered {status}: {error_message(state.models_body)}",
             "the endpoint is having trouble: retry later, or check its status page",
         )
@@ -246,6 +262,8 @@ async def check_auth(state: _State) -> str:
         state.model_ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
     except (orjson.JSONDecodeError, TypeError):
         state.model_ids = []
+    if not state.target.api_key:
+        return f"no key needed (GET /models: {len(state.model_ids)} models)"
     return f"key accepted (GET /models: {len(state.model_ids)} models)"
 
 
@@ -271,10 +289,12 @@ async def check_stream(state: _State) -> str:
     call = Call(API_CHAT, state.target.model, STREAM_PROMPT, 8, dict(state.target.params))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         m = await measure(session, state.target.base_url, call, api_key=state.target.api_key)
+    if m.status in (401, 403) and not state.target.api_key:
+        raise _no_key(state, m.status)
     if m.status in (401, 403):
         raise Failed(f"the streaming request was refused ({m.error})", "the key may lack access to this model or API")
     if m.status != 200:
-        raise Failed(
+        raise _proxy_trouble(m.status, (m.error or "").removeprefix(f"HTTP {m.status}: ")) or Failed(
             f"the streaming request failed: {m.error}", "check the model's parameters and the endpoint's status"
         )
     if m.unparsed:

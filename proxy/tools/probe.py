@@ -19,7 +19,7 @@ import aiohttp
 from pydantic import Field
 
 from proxy.tools.client import Call, Measurement, api_name, measure
-from proxy.tools.clientconfig import ClientSettings, Target, load_target
+from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
 from proxy.tools.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
@@ -117,6 +117,7 @@ def run(settings: ProbeSettings, out: TextIO = sys.stdout) -> int:
     """The `taotrace probe` command."""
     try:
         target = load_target(settings)
+        parse_base_url(target.base_url)  # the same check, and the same words, as doctor's
         api_name(settings.api)
     except ValueError as exc:
         print(f"probe: {exc}", file=sys.stderr)
