@@ -9,16 +9,15 @@ decompression, no invented headers, and a keep-alive shorter than the upstream's
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
 from proxy.forward import Forwarder, Observer
 from proxy.settings import Settings, upstream_url
+from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.upstream import UpstreamPool
@@ -99,34 +98,39 @@ def create_proxy_app(
     return app
 
 
-def create_metrics_app(registry: CollectorRegistry, state: ServerState) -> web.Application:
-    """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`."""
+Render = Callable[[bool], bytes]  # openmetrics? -> the /metrics page
 
-    rendering: dict[str, asyncio.Future[bytes]] = {}  # content type -> the render in progress
 
-    def _done(content_type: str, fut: asyncio.Future[bytes]) -> None:
-        if rendering.get(content_type) is fut:
-            del rendering[content_type]
+def create_metrics_app(render: Render, readiness: Callable[[], str]) -> web.Application:
+    """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`.
+
+    `readiness()` says "ready" (200) or why not, e.g. "draining" (503).
+    """
+
+    rendering: dict[bool, asyncio.Future[bytes]] = {}  # format -> the render in progress
+
+    def _done(openmetrics: bool, fut: asyncio.Future[bytes]) -> None:
+        if rendering.get(openmetrics) is fut:
+            del rendering[openmetrics]
 
     async def metrics_handler(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        # Rendering runs in a thread so a scrape never holds the event loop for its whole length.
-        # It costs CPU the proxy shares (~0.3-0.9 s at 100 models), so scrapes that arrive while
-        # one renders share its result: ten scrapers cost one render, not ten in parallel.
-        pending = rendering.get(content_type)
+        openmetrics = wants_openmetrics(request.headers.get("Accept", ""))
+        # In a thread, so a scrape never holds the event loop for its whole length; scrapes that
+        # arrive while one renders share its result: ten scrapers cost one render.
+        pending = rendering.get(openmetrics)
         if pending is None:
-            pending = rendering[content_type] = asyncio.ensure_future(asyncio.to_thread(encoder, registry))
-            pending.add_done_callback(lambda fut: _done(content_type, fut))
+            pending = rendering[openmetrics] = asyncio.ensure_future(asyncio.to_thread(render, openmetrics))
+            pending.add_done_callback(lambda fut: _done(openmetrics, fut))
         body = await asyncio.shield(pending)  # one scraper giving up must not cancel the others' render
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        ctype = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
+        return web.Response(body=body, headers={"Content-Type": ctype})
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def readyz(_request: web.Request) -> web.Response:
-        if state.draining:
-            return web.Response(status=503, text="draining\n")
-        return web.Response(text="ready\n")
+        state = readiness()
+        return web.Response(status=200 if state == "ready" else 503, text=state + "\n")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)

@@ -47,6 +47,7 @@ class Running:
     metrics_url: str
     registry: CollectorRegistry
     state: ServerState
+    metrics: Metrics
 
 
 def _bound_url(runner: web.AppRunner) -> str:
@@ -116,13 +117,17 @@ async def running(
         # request head (slowloris); this bounds idle and unfinished connections alike.
         keepalive_timeout=settings.client_keepalive,
     )
-    metrics_runner = GuardedAppRunner(create_metrics_app(registry, state), access_log=None, shutdown_timeout=1.0)
+    metrics_runner = GuardedAppRunner(
+        create_metrics_app(metrics.registry.render, lambda: "draining" if state.draining else "ready"),
+        access_log=None,
+        shutdown_timeout=1.0,
+    )
     await proxy_runner.setup()
     await metrics_runner.setup()
     try:
         await web.TCPSite(proxy_runner, settings.host, settings.port, backlog=2048).start()
         await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
-        yield Running(_bound_url(proxy_runner), _bound_url(metrics_runner), registry, state)
+        yield Running(_bound_url(proxy_runner), _bound_url(metrics_runner), registry, state, metrics)
     finally:
         state.draining = True
         await _drain(proxy_runner, state, settings.drain_seconds)

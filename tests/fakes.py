@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
+
+from proxy.dialects import Usage
+from proxy.timing import RequestRecord, RequestTiming
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -256,3 +260,20 @@ class OTLPGrpcMetricsSink:
 
     def close(self) -> None:
         self._server.stop(None)
+
+
+def record_for(api: str, model: str, status: int, rnd: random.Random, tokens: int = 20) -> RequestRecord:
+    """A finished streamed request as the forwarder would record it, with random phase times."""
+    itl = tuple(rnd.uniform(0.003, 0.03) for _ in range(tokens - 1))
+    timing = RequestTiming(
+        start=0.0, end=1.0, duration=rnd.uniform(0.1, 5), network=rnd.uniform(0.0005, 0.01),
+        time_to_headers=0.01, ttfb=0.02, ttft=rnd.uniform(0.02, 2), prefill_wait=rnd.uniform(0.01, 2),
+        decode=rnd.uniform(0.1, 3), tpot=rnd.uniform(0.005, 0.05), itl=itl, token_events=tokens,
+        sent=0.0, first_token=0.0, last_token=0.0, connection_reused=True,
+    )  # fmt: skip
+    return RequestRecord(
+        trace_id=f"{rnd.getrandbits(128):032x}", api=api, operation="chat", model=model, response_model=model,
+        stream=True, method="POST", path="/v1/chat/completions", status_code=status,
+        error_type="" if status == 200 else "rate_limited", timing=timing,
+        usage=Usage(100, tokens, 10, 5), usage_source="reported", finish_reasons=("stop",), response_id=None,
+    )  # fmt: skip

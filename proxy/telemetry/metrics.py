@@ -1,18 +1,19 @@
 """Prometheus metrics from finished requests: the contract's names, bounded labels, exemplars.
 
-Everything is registered on a registry passed in (tests use a fresh `CollectorRegistry`).
+The families live on our own `exposition.Registry` (rendered fast, see exposition.py); adding a
+family is one declaration in `Metrics.__init__`. When a prometheus_client `CollectorRegistry` is
+passed in, the families are registered there as a collector too (tests read values through it).
 A request updates its histograms once, when it ends, from its frozen `RequestRecord`; the label
 children for an (api, model) pair are created once and reused.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry
 
+from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry
 from proxy.timing import RequestRecord
 
 __all__ = ["ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_TOKEN"]
@@ -106,34 +107,11 @@ class _Children:
         self.tok_reasoning = m.tokens.labels(api, model, "reasoning")
 
 
-def _observe_many(child: Histogram, values: Sequence[float]) -> None:
-    """`child.observe(v)` for each value, with one lock round per bucket instead of two per value.
-
-    prometheus_client has no bulk observe; a 1,000-token stream would otherwise hold the event
-    loop for ~0.8 ms at its end (every other stream's next chunk waits behind it). Same bucket
-    rule as `Histogram.observe`: the first bound with `value <= bound` (bisect_left).
-    """
-    if not values:
-        return
-    bounds = child._upper_bounds
-    counts = [0] * len(bounds)
-    for v in values:
-        counts[bisect_left(bounds, v)] += 1
-    child._sum.inc(sum(values))
-    buckets = child._buckets
-    for i, n in enumerate(counts):
-        if n:
-            buckets[i].inc(n)
-
-
 class Metrics:
     """The `taotrace_*` metrics on one registry."""
 
-    def __init__(self, registry: CollectorRegistry, models: ModelLabels | None = None) -> None:
-        # prometheus_client's `_created` series (a process-wide switch) would add one series per
-        # label child that no dashboard or alert reads.
-        disable_created_metrics()
-        self.registry = registry
+    def __init__(self, collector_registry: CollectorRegistry | None = None, models: ModelLabels | None = None) -> None:
+        self.registry = registry = Registry()  # every family below registers here
         self.models = models or ModelLabels()
         am = ("api", "model")
         self.requests = Counter(
@@ -176,7 +154,9 @@ class Metrics:
             ("api", "stage"), buckets=BUCKETS_OVERHEAD, registry=registry,
         )  # fmt: skip
         self._children: dict[tuple[str, str], _Children] = {}
-        self._overhead: dict[str, tuple[Histogram, Histogram]] = {}
+        self._overhead: dict[str, tuple[HistogramChild, HistogramChild]] = {}
+        if collector_registry is not None:
+            collector_registry.register(registry)
 
     def children(self, api: str, model_label: str) -> _Children:
         key = (api, model_label)
@@ -204,14 +184,14 @@ class Metrics:
             if t.tpot is not None:
                 c.tpot.observe(t.tpot, exemplar)
             if t.itl:
-                gaps: Sequence[float] = t.itl
+                gaps: tuple[float, ...] = t.itl
                 if exemplar is not None:
                     # An exemplar on the slowest gap only: it is the one worth opening in Jaeger.
                     slowest = max(gaps)
                     c.itl.observe(slowest, exemplar)
                     i = gaps.index(slowest)
                     gaps = gaps[:i] + gaps[i + 1 :]
-                _observe_many(c.itl, gaps)
+                c.itl.observe_many(gaps)
         found = self._overhead.get(rec.api)
         if found is None:
             found = self._overhead[rec.api] = (
@@ -220,7 +200,7 @@ class Metrics:
             )
         if t.overhead_request is not None:
             found[0].observe(t.overhead_request)
-        _observe_many(found[1], t.relay)
+        found[1].observe_many(t.relay)
         u = rec.usage
         if u.input_tokens:
             c.tok_in.inc(u.input_tokens)

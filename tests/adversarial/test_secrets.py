@@ -243,28 +243,27 @@ async def test_no_canary_leaks_anywhere() -> None:
 
 
 async def test_an_unhandled_error_answers_500_without_its_message(upstream, caplog) -> None:
-    """A bug of ours (here: a collector that raises with a secret in its message) gives a plain
-    500; the log keeps the stack but never the exception's text."""
+    """A bug of ours (here: a metric family whose rendering raises with a secret in its message)
+    gives a plain 500; the log keeps the stack but never the exception's text."""
     import logging
 
     from opentelemetry.sdk.trace import TracerProvider
-    from prometheus_client import CollectorRegistry
 
     from proxy.serve import running
     from proxy.settings import Settings
+    from proxy.telemetry.exposition import Counter
 
-    class Broken:
-        def collect(self):
+    class Broken(Counter):
+        def render_into(self, out: list[bytes], openmetrics: bool) -> None:
             raise RuntimeError(f"boom {CANARIES['authorization']}")
 
-    registry = CollectorRegistry()
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0)
     caplog.set_level(logging.DEBUG)
-    async with running(settings, tracer_provider=TracerProvider(), registry=registry) as srv:
-        registry.register(Broken())
+    async with running(settings, tracer_provider=TracerProvider()) as srv:
+        Broken("taotrace_broken", "Raises.", registry=srv.metrics.registry)
         async with aiohttp.ClientSession() as s, s.get(srv.metrics_url + "/metrics") as resp:
             status, text = resp.status, await resp.read()
     assert status == 500
     assert _leaks(text) == []
-    assert "RuntimeError" in caplog.text and "collect" in caplog.text  # the stack is kept
+    assert "RuntimeError" in caplog.text and "render_into" in caplog.text  # the stack is kept
     assert _leaks(caplog.text.encode()) == []

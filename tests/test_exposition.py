@@ -1,0 +1,177 @@
+"""Our exposition against prometheus_client's own, for the same observations, and against the
+parsers that will read it: prometheus_client's text and OpenMetrics parsers, and promtool."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import prometheus_client as pc
+import pytest
+from prometheus_client.openmetrics.exposition import generate_latest as pc_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from proxy.app import create_metrics_app
+from proxy.telemetry import exposition as ex
+from proxy.telemetry.exposition import wants_openmetrics
+from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_TOKEN, Metrics
+from tests.fakes import record_for
+
+# Label values a client can put in a model name: quotes, backslashes, a newline, `%`, non-ASCII.
+MODELS = ("gpt-4o-mini", 'a"quoted"', "back\\slash", "new\nline", "100%s%d", "模型-ü")
+
+
+@pytest.fixture(autouse=True)
+def _no_created() -> None:
+    pc.disable_created_metrics()  # we write no `_created` series; compare like with like
+
+
+def _pair() -> tuple[ex.Registry, pc.CollectorRegistry, Callable[[str, tuple[str, ...], float, str | None], None]]:
+    """The same families on our registry and on a prometheus_client one, and one way to feed both."""
+    ours, theirs = ex.Registry(), pc.CollectorRegistry()
+    kinds = {
+        "t_requests": (ex.Counter, pc.Counter, ("api", "model", "status_code")),
+        "t_in_flight": (ex.Gauge, pc.Gauge, ("api",)),
+        "t_latency_seconds": (ex.Histogram, pc.Histogram, ("api", "model")),
+        "t_token_seconds": (ex.Histogram, pc.Histogram, ("model", "phase")),
+    }
+    fams = {}
+    for name, (mine, lib, labels) in kinds.items():
+        kw = {"buckets": BUCKETS_LATENCY if "latency" in name else BUCKETS_TOKEN} if mine is ex.Histogram else {}
+        doc = f"Help of {name}, with a \\ backslash."
+        fams[name] = (mine(name, doc, labels, registry=ours, **kw), lib(name, doc, labels, registry=theirs, **kw))  # type: ignore[operator]
+
+    def feed(name: str, labels: tuple[str, ...], value: float, trace_id: str | None) -> None:
+        a, b = fams[name]
+        if name == "t_requests":
+            a.labels(*labels).inc(value)
+            b.labels(*labels).inc(value)
+        elif name == "t_in_flight":
+            a.labels(*labels).set(value)
+            b.labels(*labels).set(value)
+        else:
+            exemplar = {"trace_id": trace_id} if trace_id else None
+            a.labels(*labels).observe(value, exemplar)
+            b.labels(*labels).observe(value, exemplar)
+
+    return ours, theirs, feed
+
+
+def _random_traffic(feed: Callable[[str, tuple[str, ...], float, str | None], None], n: int, seed: int) -> None:
+    rnd = random.Random(seed)
+    for _ in range(n):
+        model = rnd.choice(MODELS)
+        trace = f"{rnd.getrandbits(128):032x}" if rnd.random() < 0.7 else None
+        feed("t_requests", ("chat", model, rnd.choice(("200", "429"))), rnd.choice((1, 3, 0.5)), None)
+        feed("t_in_flight", (rnd.choice(("chat", "messages")),), rnd.randint(-2, 50), None)
+        feed("t_latency_seconds", ("chat", model), rnd.lognormvariate(-1, 2), trace)
+        # exact bucket bounds, zero and +Inf land where prometheus_client puts them
+        feed("t_token_seconds", (model, "decode"), rnd.choice((*BUCKETS_TOKEN, 0.0, 1e9, rnd.random())), trace)
+
+
+EXEMPLAR_TIME = re.compile(rb'(# \{trace_id="[0-9a-f]{32}"\} \S+) \d+\.\d+')
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_text_format_is_byte_identical_to_prometheus_client(seed: int) -> None:
+    ours, theirs, feed = _pair()
+    _random_traffic(feed, 400, seed)
+    assert ours.render() == pc.generate_latest(theirs)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_openmetrics_with_exemplars_is_identical_but_for_exemplar_times(seed: int) -> None:
+    ours, theirs, feed = _pair()
+    _random_traffic(feed, 400, seed)
+    mine = ours.render(openmetrics=True)
+    assert b"# {trace_id=" in mine and mine.endswith(b"# EOF\n")
+    # The exemplar's timestamp is the wall clock at observe(): each library took its own.
+    assert EXEMPLAR_TIME.sub(rb"\1", mine) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs))
+    families = {f.name: f for f in parse_openmetrics(mine.decode())}  # the strict OpenMetrics parser
+    assert set(families) == {"t_requests", "t_in_flight", "t_latency_seconds", "t_token_seconds"}
+
+
+def test_the_page_follows_new_observations_after_a_cached_render() -> None:
+    ours, theirs, feed = _pair()
+    _random_traffic(feed, 50, 7)
+    assert ours.render() == pc.generate_latest(theirs)
+    ours.render(openmetrics=True)
+    _random_traffic(feed, 50, 8)
+    assert ours.render() == pc.generate_latest(theirs)
+    assert EXEMPLAR_TIME.sub(rb"\1", ours.render(True)) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs))
+
+
+def test_counts_past_a_million_are_written_as_prometheus_client_writes_them() -> None:
+    ours = ex.Registry()
+    h = ex.Histogram("big_seconds", "Big.", ("a",), buckets=(0.1, 1.0), registry=ours)
+    h.labels("x").observe_many([0.05] * 1_200_000)
+    h.labels("x").observe(0.5, {"trace_id": "0" * 32})
+    c = ex.Counter("big", "Big.", registry=ours)
+    c.labels().inc(12_345_678)
+    text = ours.render().decode()
+    assert 'big_seconds_bucket{a="x",le="0.1"} 1.2e+06\n' in text
+    assert 'big_seconds_count{a="x"} 1.200001e+06\n' in text
+    assert "big_total 1.2345678e+07\n" in text
+    samples = {(s.name, s.labels.get("le")): s.value for f in parse_text(text) for s in f.samples}
+    assert samples[("big_seconds_bucket", "1.0")] == 1_200_001
+    om = ours.render(openmetrics=True).decode()
+    assert 'le="1.0"} 1.200001e+06 # {trace_id="' in om
+    list(parse_openmetrics(om))
+
+
+def test_metrics_families_render_as_collected() -> None:
+    """Every family of `Metrics` is on the fast page, and a CollectorRegistry sees the same ones
+    (a family registered straight into prometheus_client would be missing from /metrics)."""
+    registry = pc.CollectorRegistry()
+    metrics = Metrics(registry)
+    for family in metrics.registry.families:  # a child in each, so every family has samples
+        labels = ["x"] * len(family.labelnames)
+        child = family.labels(*labels)
+        child.observe(0.1) if isinstance(family, ex.Histogram) else child.inc()  # type: ignore[attr-defined]
+    page = {f.name for f in parse_text(metrics.registry.render().decode())}
+    assert page == {m.name for m in registry.collect()}
+    assert {"taotrace_requests", "taotrace_time_to_first_token_seconds", "taotrace_in_flight_requests"} <= page
+
+
+def test_accept_header_negotiation() -> None:
+    prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    assert wants_openmetrics(prometheus)
+    assert not wants_openmetrics("")
+    assert not wants_openmetrics("text/plain; version=0.0.4")
+    assert not wants_openmetrics("*/*")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (make system-deps)")
+def test_promtool_accepts_a_full_page_of_the_proxys_metrics() -> None:
+    metrics = Metrics(None)
+    _fill(metrics, models=20)
+    page = metrics.registry.render()
+    proc = subprocess.run(["promtool", "check", "metrics"], input=page, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def _fill(metrics: Metrics, models: int) -> None:
+    """A request of every outcome for each api x model, so every child exists."""
+    rnd = random.Random(0)
+    for api in ("chat_completions", "completions", "responses", "messages", "other"):
+        for k in range(models):
+            for status in (200, 429):
+                metrics.record(record_for(api, f"model-{k}", status, rnd))
+
+
+async def test_metrics_port_serves_both_formats(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    metrics = Metrics(None)
+    _fill(metrics, models=2)
+    client = await aiohttp_client(create_metrics_app(metrics.registry.render, lambda: "ready"))
+    r = await client.get("/metrics")
+    assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert {f.name for f in parse_text(await r.text())} >= {"taotrace_requests", "taotrace_tokens"}
+    r = await client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    body = await r.text()
+    assert '# {trace_id="' in body and body.endswith("# EOF\n")
+    list(parse_openmetrics(body))
