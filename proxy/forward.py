@@ -361,8 +361,9 @@ class Forwarder:
         else:
             source = "none"
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming)
+        sampling = self.telemetry.decide(span, error_type, timing)
         record = RequestRecord(
-            trace_id=self.telemetry.trace_id(span),
+            trace_id=None if sampling == "dropped" else self.telemetry.trace_id(span),
             api=info.api,
             operation=info.operation,
             model=info.model,
@@ -378,6 +379,7 @@ class Forwarder:
             finish_reasons=tuple(reader.finish_reasons) if reader is not None else (),
             response_id=reader.response_id if reader is not None else None,
             provider=info.provider,
+            sampling=sampling,
         )
         self.metrics.record(record)
         self.telemetry.finish(span, record, reader.text if reader is not None else None)

@@ -23,10 +23,11 @@ from prometheus_client import CollectorRegistry
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
 from proxy.lifecycle import run_loop, stop_signalled
 from proxy.protocol import GuardedAppRunner
-from proxy.settings import Settings
+from proxy.settings import Settings, parse_thresholds
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics, ModelLabels
+from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
 
@@ -90,12 +91,19 @@ async def running(
     provider = build_tracer_provider() if tracer_provider is None else tracer_provider
     registry = CollectorRegistry() if registry is None else registry
     upstream = upstream_url(settings.upstream)
+    slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
     telemetry = Telemetry(
         provider,
         upstream_host=upstream.host or "",
         upstream_port=upstream.port or 0,
         upstream_base=str(upstream).rstrip("/"),
         capture_content=settings.capture_content,
+        sampling=OutcomeSampling(
+            ratio=settings.sample_ratio,
+            keep_errors=settings.keep_errors,
+            ttft_over=slow_ttft,
+            duration_over=slow_duration,
+        ),
     )
     metrics = Metrics(registry, ModelLabels(frozenset(settings.model_allowlist), settings.max_models))
     state = ServerState()

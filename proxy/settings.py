@@ -6,6 +6,7 @@ builds one. OpenTelemetry's own `OTEL_*` variables are left to the SDK.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -31,6 +32,32 @@ def upstream_url(raw: str) -> URL:
 
 def check_upstream(value: str) -> str:
     upstream_url(value)
+    return value
+
+
+_THRESHOLD = re.compile(r"^(?:(ttft|duration)\s*=\s*)?([0-9]*\.?[0-9]+)\s*(ms|s)?$")
+
+
+def parse_thresholds(text: str) -> tuple[float | None, float | None]:
+    """`ttft=2.5,duration=60` (seconds; an `ms` or `s` suffix allowed; a bare number is TTFT) ->
+    (ttft, duration) in seconds. Raises ValueError naming the accepted form."""
+    ttft = duration = None
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        m = _THRESHOLD.match(part.lower())
+        if m is None or float(m.group(2)) <= 0:
+            raise ValueError(f"not a threshold: {part[:40]!r}; expected e.g. ttft=2.5, duration=60s, ttft=800ms")
+        seconds = float(m.group(2)) / (1000.0 if m.group(3) == "ms" else 1.0)
+        if m.group(1) == "duration":
+            duration = seconds
+        else:
+            ttft = seconds
+    return ttft, duration
+
+
+def check_thresholds(value: str) -> str:
+    parse_thresholds(value)
     return value
 
 
@@ -91,6 +118,21 @@ class Settings(BaseSettings):
         description="add a Server-Timing response header (network, proxy, upstream ms); off: the head is the upstream's",
     )
 
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="share of traces exported, decided when each request ends on its trace id as TraceIdRatioBased "
+        "does; errors and slow requests are kept besides (1: every trace, no decision)",
+    )
+    keep_errors: bool = Field(True, description="with --sample-ratio below 1: keep every trace that ended in an error")
+    keep_slower_than: str = Field(
+        "",
+        description="with --sample-ratio below 1: keep every trace slower than these, e.g. ttft=2.5,duration=60 "
+        "(seconds; a bare number is TTFT)",
+    )
+
     _split_allowlist = field_validator("model_allowlist", mode="before")(split_csv)
+    _check_thresholds = field_validator("keep_slower_than")(check_thresholds)
     _check_upstream = field_validator("upstream")(check_upstream)
     _lower_level = field_validator("log_level", mode="before")(lower)

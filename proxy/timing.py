@@ -70,6 +70,7 @@ class RequestRecord:
     finish_reasons: tuple[str, ...]
     response_id: str | None
     provider: str | None = None  # gen_ai.provider.name
+    sampling: str = ""  # outcome sampling: "" (no decision), why the trace is kept, or "dropped"
 
 
 class PhaseClock:

@@ -39,7 +39,8 @@ from opentelemetry.util import types
 from proxy import __version__
 from proxy.dialects import RequestInfo
 from proxy.telemetry import otlp
-from proxy.timing import RequestRecord
+from proxy.telemetry.sampling import OutcomeSampling
+from proxy.timing import RequestRecord, RequestTiming
 
 __all__ = ["Telemetry", "build_tracer_provider", "shutdown_tracer_provider"]
 
@@ -123,7 +124,7 @@ _NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpa
 _NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
 _MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
-_MAX_ROOT_ATTRIBUTES = 48  # the root has at most 41 (20 at start with 9 request parameters, 21 at the end)
+_MAX_ROOT_ATTRIBUTES = 48  # the root has at most 42 (20 at start with 9 request parameters, 22 at the end)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -299,12 +300,14 @@ class Telemetry:
         upstream_port: int,
         upstream_base: str,
         capture_content: bool = False,
+        sampling: OutcomeSampling | None = None,
     ) -> None:
         self.tracer = tracer_provider.get_tracer("taotrace", __version__)
         self.server_address = upstream_host
         self.server_port = upstream_port
         self.upstream_base = upstream_base
         self.capture_content = capture_content
+        self.sampling = sampling
         # perf_counter seconds -> epoch nanoseconds, fixed at start (spans need wall time).
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
         self._textmap: object = None  # the global propagator last classified
@@ -449,11 +452,30 @@ class Telemetry:
             self._direct = self._direct_ok and processors is not None and all(_end_only(p) for p in processors)
         return processors if isinstance(processors, tuple) else None
 
+    def decide(self, span: Span, error_type: str, timing: RequestTiming) -> str:
+        """Outcome sampling of a finished request: "" (no decision: the trace stays as it began),
+        the reason it is kept, or "dropped"."""
+        policy = self.sampling
+        if policy is None or not policy.active or not span.is_recording():
+            return ""
+        ctx = span.get_span_context()
+        if not ctx.trace_flags.sampled:
+            return ""
+        parent = span._parent if type(span) is _Root else getattr(span, "parent", None)
+        parent_sampled = parent is not None and parent.is_remote and parent.trace_flags.sampled
+        return policy.reason(ctx.trace_id, parent_sampled, error_type, timing.ttft, timing.duration) or "dropped"
+
     def finish(self, span: Span, rec: RequestRecord, output_text: str | None = None) -> None:
         """Attributes from the record, the three phase children, then end the root span."""
         t = rec.timing
         if not span.is_recording():
             span.end(end_time=self._ns(t.end))
+            return
+        if rec.sampling == "dropped":
+            # Nothing is handed to the processors: the root is never ended (the end-only batch and
+            # simple processors then never see it) and the phase children are never made.
+            if type(span) is _Root:
+                span._ended = True
             return
         if self._processors() == () and self._direct:  # no exporter configured: nothing can leave
             span.end(end_time=self._ns(t.end))
@@ -477,6 +499,8 @@ class Telemetry:
         ):
             if value is not None:
                 attrs[key] = value
+        if rec.sampling:
+            attrs["taotrace.sampling.reason"] = rec.sampling
         if rec.finish_reasons:  # a tuple: what the SDK's BoundedAttributes would store for a list
             attrs["gen_ai.response.finish_reasons"] = tuple(rec.finish_reasons)
         if rec.stream:
