@@ -9,6 +9,7 @@ decompression, no invented headers, and a keep-alive shorter than the upstream's
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.forward import Forwarder, Observer
+from proxy.hints import DoubledPrefix
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from proxy.telemetry.metrics import Metrics
@@ -84,10 +86,13 @@ def create_proxy_app(
     app.cleanup_ctx.append(pool_ctx)
     forward = forwarder.handle
     in_flight = state.in_flight
+    doubled = DoubledPrefix(upstream, logging.getLogger("taotrace"))
 
     async def tracked(request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
         assert task is not None
+        if doubled.watching:  # the first requests only
+            doubled.see(request.path, request.host)
         in_flight.add(task)
         try:
             return await forward(request)

@@ -6,12 +6,14 @@ import asyncio
 import gzip
 import hashlib
 import json
+import logging
 
 import aiohttp
+import pytest
 from aiohttp import web
 
-from tests.conftest import Proxied
-from tests.fakes import chat_stream, json_handler, stream_handler
+from tests.conftest import Proxied, ProxyFactory
+from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
 
 
 def sha(data: bytes) -> str:
@@ -186,3 +188,39 @@ async def test_a_slow_client_slows_the_upstream_instead_of_filling_the_proxy(pro
     writer.close()
     assert got == total and digest.hexdigest() == hashlib.sha256(block * (total // len(block))).hexdigest()
     assert finished and finished[0] > resumed
+
+
+async def test_an_upstream_ending_in_v1_with_v1_requests_is_warned_once_and_still_forwarded(
+    start_proxy: ProxyFactory, upstream: FakeUpstream, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--upstream http://host/v1` + clients on `.../v1` = `/v1/v1/...`: say what to change, once."""
+    with caplog.at_level(logging.WARNING, logger="taotrace"):
+        async with start_proxy(upstream=upstream.url + "/v1") as p:
+            for _ in range(3):
+                async with client.post(p.url + "/v1/chat/completions?x=1", json={"model": "m"}) as r:
+                    assert r.status == 200
+    warnings = [r.getMessage() for r in caplog.records if "ends in /v1" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    host = p.url.removeprefix("http://")
+    assert f"forwarded to {upstream.url}/v1/v1/chat/completions" in warnings[0]
+    assert f"--upstream {upstream.url} (clients keep their base URL http://{host}/v1)" in warnings[0]
+    assert f"give the clients the base URL http://{host}." in warnings[0]
+    assert [s.path_qs for s in upstream.seen] == ["/v1/v1/chat/completions?x=1"] * 3  # forwarding unchanged
+
+
+@pytest.mark.parametrize(
+    ("base", "path"), [("", "/v1/chat/completions"), ("/v1", "/chat/completions"), ("/api", "/v1/models")]
+)
+async def test_no_warning_when_the_paths_do_not_double(
+    start_proxy: ProxyFactory,
+    upstream: FakeUpstream,
+    client: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    base: str,
+    path: str,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="taotrace"):
+        async with start_proxy(upstream=upstream.url + base) as p:
+            async with client.get(p.url + path) as r:
+                assert r.status == 200
+    assert not [r for r in caplog.records if "forwarded to" in r.getMessage()]
