@@ -1,15 +1,22 @@
 """Process lifetime shared by the long-running commands (serve, sim, demo): which event loop
-runs them, and waiting for SIGINT/SIGTERM."""
+runs them, what SIGINT/SIGTERM mean, and the drain at the end.
+
+The first SIGINT or SIGTERM asks for a graceful stop: stop taking work, let what runs finish
+(the drain). The second asks for an immediate one: what still runs is cut at once. A third
+ends the process on the spot, in case the cut itself hangs.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Coroutine
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["run_loop", "stop_signalled"]
+__all__ = ["Drained", "Shutdown", "drain", "run_loop"]
 
 T = TypeVar("T")
 
@@ -23,11 +30,67 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-async def stop_signalled() -> None:
-    """Return when the process receives SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+class Shutdown:
+    """What the signals asked for: `requested` (first), `now` (second)."""
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+        self.now = asyncio.Event()
+        self.signals = 0
+
+    def install(self) -> Shutdown:
+        """Take SIGINT and SIGTERM on the running loop (until the process ends)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with suppress(NotImplementedError):  # pragma: no cover - Windows
+                loop.add_signal_handler(sig, self.signal, sig)
+        return self
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.requested.set()
+        elif self.signals == 2:
+            self.now.set()
+        else:
+            os._exit(128 + signum)  # the shell's convention for "killed by this signal"
+
+    async def wait(self) -> None:
+        """Return at the first signal."""
+        await self.requested.wait()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drained:
+    """How a drain ended: requests that finished in time, requests cut, and whether a second
+    signal (rather than the deadline) did the cutting."""
+
+    finished: int
+    cut: int
+    hurried: bool
+
+    def describe(self, deadline: float) -> str:
+        why = "a second signal" if self.hurried else f"the {deadline:g}s deadline"
+        plural = "" if self.finished == 1 else "s"
+        return f"{self.finished} request{plural} finished, {self.cut} cut" + (f" ({why})" if self.cut else "")
+
+
+async def drain(in_flight: set[asyncio.Task[Any]], deadline: float, now: asyncio.Event | None = None) -> Drained:
+    """Let the tasks in `in_flight` run until they end, `deadline` seconds pass or `now` is set;
+    cancel those left. A task that joins during the drain is cut with the rest."""
+    seen = set(in_flight)
+    if seen and not (now is not None and now.is_set()):
+        waiting = asyncio.ensure_future(asyncio.wait(seen, timeout=deadline))
+        hurry = asyncio.ensure_future(now.wait()) if now is not None else None
+        try:
+            await asyncio.wait({waiting} if hurry is None else {waiting, hurry}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in (waiting, hurry):
+                if future is not None:
+                    future.cancel()
+    hurried = now is not None and now.is_set()
+    seen |= in_flight
+    left = [task for task in seen if not task.done()]
+    for task in left:
+        task.cancel()
+    return Drained(finished=len(seen) - len(left), cut=len(left), hurried=hurried)

@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
-from proxy.lifecycle import run_loop, stop_signalled
+from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.protocol import GuardedAppRunner
 from proxy.settings import Settings, parse_thresholds
 from proxy.telemetry.accesslog import AccessLog
@@ -37,6 +37,7 @@ log = logging.getLogger("taotrace")
 # The last span flush at exit. A healthy collector takes milliseconds; a dead one gets 2 s, so
 # exit comes within drain_seconds + ~2.1 s even when streams run to the deadline (3 s made 5.05 s).
 TRACE_SHUTDOWN_SECONDS = 2.0
+HURRIED_SHUTDOWN_SECONDS = 0.5  # the same after a second signal: cut now means now
 LOOP_SWITCH_INTERVAL = 0.001  # seconds; see serve()
 
 
@@ -56,19 +57,17 @@ def _bound_url(runner: web.AppRunner) -> str:
     return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
 
 
-async def _drain(runner: web.AppRunner, state: ServerState, deadline: float) -> None:
-    """Refuse new connections at once, let requests in flight run until the deadline, then cancel
-    the rest (their clients see the connection cut, never a clean end). aiohttp's own shutdown
-    is not enough: it waits `shutdown_timeout`, then cancels only the request's body reader and
-    waits `shutdown_timeout` again, so a stream could run for twice the deadline."""
+async def _drain(runner: web.AppRunner, state: ServerState, deadline: float, now: asyncio.Event | None) -> Drained:
+    """Refuse new connections at once, let requests in flight run until the deadline (or until
+    `now` is set: a second signal), then cancel the rest (their clients see the connection cut,
+    never a clean end). aiohttp's own shutdown is not enough: it waits `shutdown_timeout`, then
+    cancels only the request's body reader and waits `shutdown_timeout` again, so a stream could
+    run for twice the deadline."""
     for site in list(runner.sites):
         await site.stop()
     if runner.server is not None:
         runner.server.pre_shutdown()  # idle keep-alive connections: closed, so they bring no new requests
-    if state.in_flight:
-        await asyncio.wait(set(state.in_flight), timeout=deadline)
-    for task in list(state.in_flight):
-        task.cancel()
+    return await drain(state.in_flight, deadline, now)
 
 
 @asynccontextmanager
@@ -79,11 +78,13 @@ async def running(
     tracer_provider: trace.TracerProvider | None = None,
     registry: CollectorRegistry | None = None,
     meter_provider: MeterProvider | None = None,
+    stop_now: asyncio.Event | None = None,
 ) -> AsyncIterator[Running]:
     """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit.
 
     `meter_provider`: where the OTLP GenAI metrics go; by default one built from `OTEL_*`
     (none unless `OTEL_METRICS_EXPORTER` asks for it). A provider passed in is not shut down.
+    `stop_now`: once set (a second signal), the drain cuts what is in flight at once.
     """
     own_provider = tracer_provider is None
     own_meters = meter_provider is None
@@ -138,16 +139,18 @@ async def running(
         yield Running(_bound_url(proxy_runner), _bound_url(metrics_runner), registry, state, metrics)
     finally:
         state.draining = True
-        await _drain(proxy_runner, state, settings.drain_seconds)
+        drained = await _drain(proxy_runner, state, settings.drain_seconds, stop_now)
+        log.info("drain done: %s", drained.describe(settings.drain_seconds))
         await proxy_runner.cleanup()
         await metrics_runner.cleanup()
         if genai is not None:
             await asyncio.to_thread(genai.stop)  # what is queued gets recorded
         flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
+        wait = HURRIED_SHUTDOWN_SECONDS if stop_now is not None and stop_now.is_set() else TRACE_SHUTDOWN_SECONDS
         if own_meters and meters is not None:
-            flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, TRACE_SHUTDOWN_SECONDS))
+            flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
         if own_provider:
-            flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, TRACE_SHUTDOWN_SECONDS))
+            flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
         await asyncio.gather(*flushes)
 
 
@@ -157,14 +160,19 @@ async def serve(settings: Settings) -> None:
     # interval (5 ms by default) before the event loop gets it back, and every stream waits with
     # it. At 1 ms, loop lag p99 under 100 streams/s with a healthy collector fell from 5-7 ms to 2-3.
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
-    async with running(settings) as srv:
+    shutdown = Shutdown().install()
+    async with running(settings, stop_now=shutdown.now) as srv:
         # Everything built at start (modules, apps, pools) leaves the collector's reach, so a full
         # garbage collection walks only what requests create. With the OTLP collector down (spans
         # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
         gc.freeze()
         log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, settings.upstream, srv.metrics_url)
-        await stop_signalled()
-        log.info("draining: up to %.0fs for requests in flight", settings.drain_seconds)
+        await shutdown.wait()
+        log.info(
+            "draining: up to %gs for %d requests in flight; a second Ctrl-C or SIGTERM cuts them now",
+            settings.drain_seconds,
+            len(srv.state.in_flight),
+        )
 
 
 def configure_logging(level: str) -> None:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from proxy.lifecycle import run_loop, stop_signalled
+from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.sim.app import SIMULATOR, Simulator, create_app
 from proxy.sim.catalogue import DEFAULT_CATALOGUE, ModelSpec, catalogue_from
 from proxy.sim.settings import SimSettings
 from proxy.sim.tokens import load_tokenizer
 
 __all__ = ["SimRunning", "build_app", "load_catalogue", "run", "running"]
+
+DRAIN_SECONDS = 1.0  # streams in flight at a stop get this long; a second signal cuts them at once
 
 
 @dataclass(frozen=True)
@@ -42,30 +46,60 @@ def build_app(settings: SimSettings) -> web.Application:
 
 
 @asynccontextmanager
-async def running(settings: SimSettings) -> AsyncIterator[SimRunning]:
-    """Serve the simulator (port 0 allowed) for the duration of the block."""
+async def running(
+    settings: SimSettings,
+    *,
+    stop_now: asyncio.Event | None = None,
+    on_drained: Callable[[Drained], None] | None = None,
+) -> AsyncIterator[SimRunning]:
+    """Serve the simulator (port 0 allowed) for the duration of the block; then stop listening,
+    give requests in flight `DRAIN_SECONDS` (none once `stop_now` is set) and cut the rest."""
     app = build_app(settings)
+    in_flight: set[asyncio.Task[Any]] = set()
+
+    @web.middleware
+    async def tracked(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        in_flight.add(task)
+        try:
+            return await handler(request)
+        finally:
+            in_flight.discard(task)
+
+    app.middlewares.append(tracked)
     # a client that leaves cancels its handler, which frees its batch slot and KV blocks
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
         host, port = runner.addresses[0][:2]
         yield SimRunning(f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}", app[SIMULATOR])
     finally:
+        for site in list(runner.sites):
+            await site.stop()
+        drained = await drain(in_flight, DRAIN_SECONDS, stop_now)
+        if on_drained is not None:
+            on_drained(drained)
         await runner.cleanup()
 
 
 def run(settings: SimSettings) -> int:
     """The `taotrace sim` command: serve until SIGINT or SIGTERM."""
 
+    def drained(result: Drained) -> None:
+        print(f"taotrace sim: stopped; {result.describe(DRAIN_SECONDS)}", flush=True)
+
     async def main() -> None:
-        async with running(settings) as sim:
+        shutdown = Shutdown().install()
+        async with running(settings, stop_now=shutdown.now, on_drained=drained) as sim:
             print(
                 f"taotrace sim: {sim.base_url} (time_scale {settings.time_scale}); stats at {sim.url}/sim/stats",
                 flush=True,
             )
-            await stop_signalled()
+            await shutdown.wait()
 
     try:
         run_loop(main())

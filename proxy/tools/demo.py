@@ -14,13 +14,14 @@ import secrets
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
-from typing import Literal, TextIO
+from typing import Literal, TextIO, TypeVar
 
 import aiohttp
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from proxy.lifecycle import run_loop, stop_signalled
+from proxy.lifecycle import Shutdown, run_loop
+from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running
 from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream
 from proxy.sim import SimRunning, SimSettings
@@ -32,6 +33,7 @@ from proxy.tools.experiments import Run, RunResult, format_report, plan, to_json
 __all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
 
 RECORD_WAIT_S = 5.0
+T = TypeVar("T")
 
 
 class DemoSettings(BaseSettings):
@@ -177,13 +179,36 @@ def _how_to(proxy_url: str, metrics_url: str, upstream: str) -> str:
     )
 
 
+async def _unless_stopped(work: Awaitable[T], shutdown: Shutdown | None) -> T | None:
+    """`work`'s result, or None when a signal came first (then `work` is cancelled)."""
+    if shutdown is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(shutdown.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
 async def demo(
     settings: DemoSettings,
     out: TextIO,
     *,
     until: Callable[[], Awaitable[None]] | None = None,
+    shutdown: Shutdown | None = None,
 ) -> tuple[int, list[RunResult]]:
-    """Start what is needed, run the experiments, print; then wait for `until` unless `--once`."""
+    """Start what is needed, run the experiments, print; then wait for `until` unless `--once`.
+
+    `shutdown`: a first signal stops the experiments (exit 130) or, after the table, the demo;
+    a second cuts what the proxy and the simulator still serve.
+    """
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     if settings.real and not key:
         print("demo: --real needs a key: export TAOTOKEN_API_KEY=<your key>", file=sys.stderr)
@@ -191,25 +216,33 @@ async def demo(
     port = settings.port if settings.port is not None else (0 if settings.once else 8787)
     metrics_port = settings.metrics_port if settings.metrics_port is not None else (0 if settings.once else 9464)
     records = Records()
+    stop_now = shutdown.now if shutdown is not None else None
     async with AsyncExitStack() as stack:
         kv: Callable[[str | None], int | None] = _no_kv
         if settings.real:
             upstream = settings.upstream
         else:
             sim = await stack.enter_async_context(
-                sim_running(SimSettings(host=settings.host, port=settings.sim_port, time_scale=settings.time_scale))
+                sim_running(
+                    SimSettings(host=settings.host, port=settings.sim_port, time_scale=settings.time_scale),
+                    stop_now=stop_now,
+                )
             )
             upstream, kv = sim.url, _sim_kv(sim)
         proxy_settings = Settings(
             upstream=upstream, host=settings.host, port=port, metrics_host=settings.host, metrics_port=metrics_port
         )
-        srv = await stack.enter_async_context(proxy_running(proxy_settings, on_record=records.add))
+        srv = await stack.enter_async_context(proxy_running(proxy_settings, on_record=records.add, stop_now=stop_now))
         progress = _progress if sys.stderr.isatty() and not settings.json_output else (lambda _: None)
-        results = await experiments(
-            srv.proxy_url + "/v1", settings, records, api_key=key, kv_bytes=kv, progress=progress
+        results = await _unless_stopped(
+            experiments(srv.proxy_url + "/v1", settings, records, api_key=key, kv_bytes=kv, progress=progress),
+            shutdown,
         )
         if sys.stderr.isatty() and not settings.json_output:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
+        if results is None:
+            print("demo: interrupted", file=sys.stderr)
+            return 130, []
         failed = next((r for r in results if not r.client.ok), None)
         if settings.json_output:
             out.write(json.dumps(to_json(results), indent=2) + "\n")
@@ -234,8 +267,14 @@ async def demo(
 
 def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
     """The `taotrace demo` command."""
+    configure_logging("warning" if settings.once else "info")  # the proxy's warnings, and its drain
+
+    async def main() -> tuple[int, list[RunResult]]:
+        shutdown = Shutdown().install()
+        return await demo(settings, out, until=shutdown.wait, shutdown=shutdown)
+
     try:
-        code, _ = run_loop(demo(settings, out, until=stop_signalled))
+        code, _ = run_loop(main())
     except OSError as exc:
         print(
             f"demo: cannot listen: {exc.strerror or exc} (another taotrace running? try --port/--metrics-port)",
