@@ -193,8 +193,9 @@ class GenAIMetrics:
         self._stages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._bulk = BulkRecorder()
         self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
-        # The request model: the very labels /metrics uses (same instance). Response models are
-        # bounded apart, so dated variants never use up the /metrics budget.
+        # The request model: the very labels /metrics uses (same instance; Metrics.record has
+        # already decided each name on the loop, so this thread only reads it). Response models are
+        # bounded apart (this thread alone uses them), so dated variants never use up /metrics' budget.
         self.models = models
         self.response_models = response_models or ModelLabels(models.allowlist, models.limit)
         self.queue_limit = queue_limit
