@@ -6,7 +6,7 @@ import aiohttp
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import Proxied
-from tests.fakes import chat_chunk, chat_stream, json_handler, named, sse, stream_handler
+from tests.fakes import chat_chunk, chat_stream, json_handler, named, sse, stream_handler, usage_chunk
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -153,3 +153,19 @@ async def test_request_parameters_and_anthropic_cache_tokens_on_the_span(
     assert a["gen_ai.usage.output_tokens"] == 3
     assert a["gen_ai.response.id"] == "msg_9" and a["gen_ai.response.finish_reasons"] == ("end_turn",)
     assert len(proxy.records[-1].timing.chunk_gaps) == 3  # four chunks: ping is not one
+
+
+async def test_openai_cached_and_reasoning_tokens_on_the_span(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    frames = sse(chat_chunk("Hi"), chat_chunk(finish="stop"), usage_chunk(40, 9, cached=32, reasoning=6))
+    proxy.serve(stream_handler(frames))
+    async with client.post(proxy.url + "/v1/chat/completions", json={"model": "o3-mini", "stream": True}) as r:
+        await r.read()
+    a = proxy.spans("chat o3-mini")[-1].attributes
+    assert a["gen_ai.usage.input_tokens"] == 40  # OpenAI's prompt_tokens already include the cached ones
+    assert a["gen_ai.usage.cache_read.input_tokens"] == 32
+    assert a["gen_ai.usage.reasoning.output_tokens"] == 6
+    assert a["gen_ai.usage.output_tokens"] == 9
+    assert "gen_ai.usage.cache_creation.input_tokens" not in a  # OpenAI does not report cache writes
+    assert not any(
+        k.startswith("gen_ai.request.") and k not in ("gen_ai.request.model", "gen_ai.request.stream") for k in a
+    )
