@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.accounting.config import Accounting
 from proxy.forward import Forwarder, Observer
 from proxy.hints import DoubledPrefix
 from proxy.settings import Settings, upstream_url
@@ -59,6 +60,7 @@ def create_proxy_app(
     metrics: Metrics,
     state: ServerState,
     observers: Sequence[Observer] = (),
+    accounting: Accounting | None = None,
 ) -> web.Application:
     """The proxy: one catch-all route; the port reserves no path of its own."""
     upstream = upstream_url(settings.upstream)
@@ -82,6 +84,8 @@ def create_proxy_app(
         observers=observers,
         is_draining=lambda: state.draining,
         server_timing=settings.server_timing,
+        attributor=accounting.attributor if accounting is not None else None,
+        prices=accounting.prices if accounting is not None else None,
     )
     app.cleanup_ctx.append(pool_ctx)
     forward = forwarder.handle

@@ -22,6 +22,7 @@ from proxy.sse import SSEEvent
 __all__ = [
     "API_CHAT",
     "API_COMPLETIONS",
+    "API_EMBEDDINGS",
     "API_MESSAGES",
     "API_OTHER",
     "API_RESPONSES",
@@ -39,6 +40,7 @@ API_CHAT = "chat_completions"
 API_COMPLETIONS = "completions"
 API_RESPONSES = "responses"
 API_MESSAGES = "messages"
+API_EMBEDDINGS = "embeddings"
 API_OTHER = "other"
 
 # (path suffix, api, gen_ai.operation.name, gen_ai.provider.name); longest suffix first.
@@ -47,6 +49,7 @@ _DIALECTS: tuple[tuple[str, str, str, str], ...] = (
     ("/completions", API_COMPLETIONS, "text_completion", "openai"),
     ("/responses", API_RESPONSES, "chat", "openai"),
     ("/messages", API_MESSAGES, "chat", "anthropic"),
+    ("/embeddings", API_EMBEDDINGS, "embeddings", "openai"),
 )
 MAX_MODEL_LENGTH = 256
 
@@ -63,6 +66,7 @@ class RequestInfo:
     content: str | None = None  # the request's messages as JSON, only when capture is on
     # GenAI request parameters as span attributes (`gen_ai.request.temperature`, ...), validated
     params: tuple[tuple[str, object], ...] = ()
+    end_user: str | None = None  # OpenAI `user` / Anthropic `metadata.user_id`, only when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +200,19 @@ def request_params(api: str, obj: dict[str, Any]) -> tuple[tuple[str, object], .
     return tuple(found.items())
 
 
-def inspect_request(api: str, body: bytes, *, capture_content: bool = False) -> RequestInfo:
-    """Read model and `stream` from a JSON body; anything unexpected yields model None."""
+def _end_user(api: str, obj: dict[str, Any]) -> str | None:
+    """The caller's own user id: OpenAI's `user`, Anthropic's `metadata.user_id`."""
+    if api == API_MESSAGES:
+        metadata = obj.get("metadata")
+        value = metadata.get("user_id") if isinstance(metadata, dict) else None
+    else:
+        value = obj.get("user")
+    return value if isinstance(value, str) and value else None
+
+
+def inspect_request(api: str, body: bytes, *, capture_content: bool = False, end_user: bool = False) -> RequestInfo:
+    """Read model and `stream` (and, when asked, the end user) from a JSON body; anything
+    unexpected yields model None."""
     operation = provider = None
     for _, name, op, prov in _DIALECTS:
         if name == api:
@@ -215,8 +230,16 @@ def inspect_request(api: str, body: bytes, *, capture_content: bool = False) -> 
                     {k: obj[k] for k in ("system", "messages", "input", "prompt") if k in obj}
                 ).decode()
                 break
+    user = _end_user(api, obj) if end_user else None
     return RequestInfo(
-        api, operation, provider, _model(obj.get("model")), obj.get("stream") is True, content, request_params(api, obj)
+        api,
+        operation,
+        provider,
+        _model(obj.get("model")),
+        obj.get("stream") is True,
+        content,
+        request_params(api, obj),
+        end_user=user,
     )
 
 
@@ -493,11 +516,21 @@ class MessagesReader(StreamReader):
         return False
 
 
+class EmbeddingsReader(StreamReader):
+    """OpenAI `/embeddings`: one JSON body (never a stream); only usage and identity are read."""
+
+    __slots__ = ()
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+        return False  # an SSE body here is not the embeddings API: read nothing, count no token
+
+
 _READERS: dict[str, type[StreamReader]] = {
     API_CHAT: ChatReader,
     API_COMPLETIONS: CompletionsReader,
     API_RESPONSES: ResponsesReader,
     API_MESSAGES: MessagesReader,
+    API_EMBEDDINGS: EmbeddingsReader,
 }
 
 
@@ -526,6 +559,9 @@ def read_body(api: str, body: bytes, capture_content: bool = False) -> StreamRea
         reader._meta(obj)
         reader.usage = _openai_usage(obj.get("usage"))
         reader._finish(obj.get("status"))
+    elif api == API_EMBEDDINGS:
+        reader._meta(obj)  # `id` is absent here; `model` is the one that answered
+        reader.usage = _openai_usage(obj.get("usage"))
     else:
         reader._meta(obj)
         reader.usage = _openai_usage(obj.get("usage"))

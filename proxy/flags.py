@@ -147,9 +147,10 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> 
         flag, help_ = flag_for(name, field), help_text(model, name)
         if kind is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif _is_list(kind):  # repeatable; each may be a comma list (the field's validator flattens them)
+            parser.add_argument(flag, dest=name, action="append", default=None, metavar="A,B", help=help_)
         else:
-            metavar = "A,B" if _is_list(kind) else name.upper()
-            parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=help_)
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_)
 
 
 def _field_of(model: type[BaseModel], loc: object) -> str | None:

@@ -19,12 +19,15 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 from opentelemetry.trace import INVALID_SPAN
 
+from proxy.accounting.attribution import Attributor
+from proxy.accounting.prices import Cost, PriceTable, cost_of
+from proxy.accounting.ratelimits import read_rate_limits
 from proxy.dialects import (
     API_OTHER,
     StreamReader,
@@ -168,6 +171,9 @@ class Forwarder:
         is_draining: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
         server_timing: bool = False,
+        attributor: Attributor | None = None,
+        prices: PriceTable | None = None,
+        wall_clock: Clock = time.time,
     ) -> None:
         self.pool = pool
         self.base_path = base_path.rstrip("/")  # the upstream URL's path, e.g. "/api"
@@ -179,6 +185,10 @@ class Forwarder:
         self.is_draining = is_draining
         self.clock = clock
         self.server_timing = server_timing
+        self.attributor = attributor
+        self.prices = prices
+        self.wall_clock = wall_clock  # epoch seconds: rate-limit resets given as dates
+        self.body_user = attributor is not None and attributor.body_user
 
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
@@ -203,7 +213,7 @@ class Forwarder:
             return exc.response()
         path, _, query = target.partition("?")
         api = api_for_path(path)
-        info = inspect_request(api, body, capture_content=self.capture_content)
+        info = inspect_request(api, body, capture_content=self.capture_content, end_user=self.body_user)
         phase = PhaseClock(t0)
         gauge = self.metrics.in_flight.labels(api)
         gauge.inc()
@@ -264,7 +274,11 @@ class Forwarder:
             if relay is not None:
                 reader = relay.reader  # None if parsing gave up midway
             try:
-                self._finish(span, info, method, path, status, error_type, phase, reader, copy, t_end)
+                self._finish(
+                    span, info, method, path, status, error_type, phase, reader, copy, t_end,
+                    client_headers=request.headers,
+                    upstream_headers=upstream_resp.headers if upstream_resp is not None else (),
+                )  # fmt: skip
             except Exception:  # telemetry must never break a request
                 log.exception("telemetry failed for one request")
 
@@ -339,6 +353,9 @@ class Forwarder:
         reader: StreamReader | None,
         copy: bytearray | None,
         t_end: float | None = None,
+        *,
+        client_headers: Mapping[str, str],
+        upstream_headers: Iterable[tuple[str, str]],
     ) -> None:
         if t_end is None:
             t_end = self.clock()
@@ -358,16 +375,19 @@ class Forwarder:
         elif streaming and reader is not None:
             source = "counted"
             usage = dataclasses.replace(usage, output_tokens=phase.tokens)
+        elif not streaming and reader is not None and reader.usage is not None:
+            source = "reported"  # a whole body's usage, e.g. embeddings (input tokens only)
         else:
             source = "none"
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming)
         sampling = self.telemetry.decide(span, error_type, timing)
+        response_model = reader.response_model if reader is not None else None
         record = RequestRecord(
             trace_id=None if sampling == "dropped" else self.telemetry.trace_id(span),
             api=info.api,
             operation=info.operation,
             model=info.model,
-            response_model=reader.response_model if reader is not None else None,
+            response_model=response_model,
             stream=streaming,
             method=method,
             path=path,
@@ -380,11 +400,25 @@ class Forwarder:
             response_id=reader.response_id if reader is not None else None,
             provider=info.provider,
             sampling=sampling,
+            attributes=self.attributor(client_headers, info.end_user) if self.attributor is not None else (),
+            rate_limits=read_rate_limits(upstream_headers, self._wall_time_of(phase.t_headers)),
+            cost=self._cost(info.model, response_model, usage, source),
         )
         self.metrics.record(record)
         self.telemetry.finish(span, record, reader.text if reader is not None else None)
         for observe in self.observers:
             observe(record)
+
+    def _wall_time_of(self, t: float | None) -> float:
+        """Epoch seconds of monotonic time `t` (now when None): rate-limit resets count from the headers."""
+        now = self.clock()
+        return self.wall_clock() - (now - (t if t is not None else now))
+
+    def _cost(self, model: str | None, response_model: str | None, usage: Usage, source: str) -> Cost | None:
+        """Only usage the upstream reported is priced: a counted one lacks the input, so it would be a guess."""
+        if self.prices is None or source != "reported":
+            return None
+        return cost_of(self.prices, usage, model, response_model)
 
     def _record_early(self, api: str, method: str, path: str, exc: ProxyError, t0: float) -> None:
         """A request refused before forwarding still counts (and is timed) in the metrics."""

@@ -20,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
+from proxy.accounting.config import accounting_from, label_name
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.protocol import GuardedAppRunner
@@ -106,7 +107,13 @@ async def running(
             duration_over=slow_duration,
         ),
     )
-    metrics = Metrics(registry, ModelLabels(frozenset(settings.model_allowlist), settings.max_models))
+    accounting = accounting_from(settings)
+    metrics = Metrics(
+        registry,
+        ModelLabels(frozenset(settings.model_allowlist), settings.max_models),
+        attribute_labels=[(name, label_name(name)) for name in accounting.metric_labels],
+        attribute_label_values=accounting.metric_label_values,
+    )
     state = ServerState()
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
     if settings.access_log:
@@ -118,7 +125,7 @@ async def running(
         )
         observers.append(genai)
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
-        create_proxy_app(settings, telemetry, metrics, state, observers),
+        create_proxy_app(settings, telemetry, metrics, state, observers, accounting),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)
         shutdown_timeout=settings.drain_seconds,
@@ -186,6 +193,11 @@ def configure_logging(level: str) -> None:
 def run(settings: Settings) -> int:
     """The `taotrace serve` command."""
     configure_logging(settings.log_level)
+    try:
+        accounting_from(settings)  # a bad --prices file or --metric-label stops here, with its reason
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     try:
         run_loop(serve(settings))
     except OSError as exc:

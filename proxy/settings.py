@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
@@ -66,9 +66,11 @@ def lower(value: object) -> object:
 
 
 def split_csv(value: object) -> object:
-    """Accept `a,b,c` from flags and the environment as well as a list."""
+    """Accept `a,b,c` from flags and the environment, and a list of such (a repeated flag)."""
     if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
+        value = [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [part.strip() for item in value for part in item.split(",") if part.strip()]
     return value
 
 
@@ -132,7 +134,42 @@ class Settings(BaseSettings):
         "(seconds; a bare number is TTFT)",
     )
 
-    _split_allowlist = field_validator("model_allowlist", mode="before")(split_csv)
+    attribute_header: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="NAME=attr: copy request header NAME onto the span as attribute attr (repeatable; env: comma "
+        "separated); values cut at 256 chars; headers that carry credentials are refused",
+    )
+    attribute_body_user: bool = Field(
+        False, description="record the body's OpenAI `user` / Anthropic `metadata.user_id` as span attribute user.id"
+    )
+    key_salt: SecretStr | None = Field(
+        None,
+        min_length=16,
+        max_length=1024,
+        description="salt of taotrace.key.id, the HMAC-SHA256 fingerprint of the API key (set it, via "
+        "TAOTRACE_KEY_SALT, for ids that stay the same across restarts and replicas; unset: random per process)",
+    )
+    metric_label: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="attribution attributes (e.g. user.id, taotrace.key.id) to add as labels to the "
+        "taotrace_attributed_* metrics (comma separated; none: those metrics are not exported)",
+    )
+    metric_label_values: int = Field(
+        20, ge=1, le=1000, description="distinct values kept per --metric-label before the rest become 'other'"
+    )
+    prices: str | None = Field(
+        None, description="price table (TOML or YAML, per million tokens) for taotrace.cost and taotrace_cost_total"
+    )
+
+    _split_allowlist = field_validator("model_allowlist", "attribute_header", "metric_label", mode="before")(split_csv)
     _check_thresholds = field_validator("keep_slower_than")(check_thresholds)
     _check_upstream = field_validator("upstream")(check_upstream)
     _lower_level = field_validator("log_level", mode="before")(lower)
+
+    @field_validator("attribute_header")
+    @classmethod
+    def _valid_attribute_headers(cls, value: list[str]) -> list[str]:
+        from proxy.accounting.attribution import parse_header_attributes
+
+        parse_header_attributes(value)  # refuses credential headers with a message saying why
+        return value

@@ -13,9 +13,14 @@ first chunk − t0; the chunk gaps feed `gen_ai.client.operation.time_per_output
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from proxy.dialects import Usage
+
+if TYPE_CHECKING:
+    from proxy.accounting.prices import Cost
+    from proxy.accounting.ratelimits import RateLimits
 
 __all__ = ["PhaseClock", "RequestRecord", "RequestTiming"]
 
@@ -71,6 +76,10 @@ class RequestRecord:
     response_id: str | None
     provider: str | None = None  # gen_ai.provider.name
     sampling: str = ""  # outcome sampling: "" (no decision), why the trace is kept, or "dropped"
+    # who sent it (attribution attributes, incl. taotrace.key.id), its rate-limit headers, its cost
+    attributes: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
+    rate_limits: RateLimits | None = field(default=None, kw_only=True)
+    cost: Cost | None = field(default=None, kw_only=True)
 
 
 class PhaseClock:

@@ -9,6 +9,7 @@ import pytest
 from proxy.dialects import (
     API_CHAT,
     API_COMPLETIONS,
+    API_EMBEDDINGS,
     API_MESSAGES,
     API_OTHER,
     API_RESPONSES,
@@ -35,7 +36,7 @@ def ev(obj: object, event: str = "message") -> SSEEvent:
         ("/v1/responses", API_RESPONSES),
         ("/v1/messages", API_MESSAGES),
         ("/v1/models", API_OTHER),
-        ("/v1/embeddings", API_OTHER),
+        ("/v1/embeddings", API_EMBEDDINGS),
         ("/", API_OTHER),
     ],
 )

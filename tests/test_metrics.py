@@ -20,6 +20,14 @@ CONTRACT = {
     "taotrace_tokens": ("counter", {"api", "model", "type"}),
     "taotrace_in_flight_requests": ("gauge", {"api"}),
     "taotrace_proxy_overhead_seconds": ("histogram", {"api", "stage"}),  # second round
+    # second round (issue 14): rate limits and cost; no samples until an upstream sends the
+    # headers / a price table is given
+    "taotrace_ratelimit_remaining": ("gauge", {"model", "kind"}),
+    "taotrace_ratelimit_limit": ("gauge", {"model", "kind"}),
+    "taotrace_ratelimit_reset_timestamp_seconds": ("gauge", {"model", "kind"}),
+    "taotrace_cost": ("counter", {"api", "model"}),
+    "taotrace_cost_unpriced_requests": ("counter", {"api", "model"}),
+    "taotrace_cost_cache_savings": ("counter", {"api", "model"}),
 }
 
 

@@ -15,9 +15,11 @@ __all__ = ["SimSettings"]
 
 
 def _split_csv(value: object) -> object:
-    """Accept `a,b,c` from flags and the environment as well as a list."""
+    """Accept `a,b,c` from flags and the environment, and a list of such (a repeated flag)."""
     if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
+        value = [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return [part.strip() for item in value for part in item.split(",") if part.strip()]
     return value
 
 

@@ -9,6 +9,7 @@ children for an (api, model) pair are created once and reused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -107,10 +108,61 @@ class _Children:
         self.tok_reasoning = m.tokens.labels(api, model, "reasoning")
 
 
+class _Attributed:
+    """The `taotrace_attributed_*` counters: requests, tokens and cost per --metric-label value.
+
+    Registered only when labels are asked for, so without them not one new series appears.
+    Each label is bounded like `model`: the first `limit` values, then `other`.
+    """
+
+    def __init__(
+        self, registry: Registry, attributes: Sequence[str], labels: Sequence[str], limit: int
+    ) -> None:
+        self.attributes = tuple(attributes)
+        self.values = tuple(ModelLabels(limit=limit) for _ in attributes)
+        extra = tuple(labels)
+        self.requests = Counter(
+            "taotrace_attributed_requests", "Requests by outcome and --metric-label attributes.",
+            ("api", "model", "error_type", *extra), registry=registry,
+        )  # fmt: skip
+        self.tokens = Counter(
+            "taotrace_attributed_tokens", "Tokens by type and --metric-label attributes.",
+            ("api", "model", "type", *extra), registry=registry,
+        )  # fmt: skip
+        self.cost = Counter(
+            "taotrace_attributed_cost", "Cost (price-table currency) by --metric-label attributes.",
+            ("api", "model", *extra), registry=registry,
+        )  # fmt: skip
+
+    def record(self, rec: RequestRecord, model: str) -> None:
+        given = dict(rec.attributes)
+        values = tuple(bound(given.get(name)) for name, bound in zip(self.attributes, self.values, strict=True))
+        self.requests.labels(rec.api, model, rec.error_type, *values).inc()
+        u = rec.usage
+        for kind, n in (
+            ("input", u.input_tokens),
+            ("output", u.output_tokens),
+            ("cached_input", u.cached_input_tokens),
+            ("reasoning", u.reasoning_tokens),
+        ):
+            if n:
+                self.tokens.labels(rec.api, model, kind, *values).inc(n)
+        if rec.cost is not None and rec.cost.amount is not None:
+            self.cost.labels(rec.api, model, *values).inc(rec.cost.amount)
+
+
 class Metrics:
     """The `taotrace_*` metrics on one registry."""
 
-    def __init__(self, collector_registry: CollectorRegistry | None = None, models: ModelLabels | None = None) -> None:
+    def __init__(
+        self,
+        collector_registry: CollectorRegistry | None = None,
+        models: ModelLabels | None = None,
+        *,
+        attribute_labels: Sequence[tuple[str, str]] = (),
+        attribute_label_values: int = 20,
+    ) -> None:
+        """`attribute_labels`: (attribute name, label name) pairs for the `taotrace_attributed_*` counters."""
         self.registry = registry = Registry()  # every family below registers here
         self.models = models or ModelLabels()
         am = ("api", "model")
@@ -153,6 +205,36 @@ class Metrics:
             "and relay (per upstream read, to the client socket).",
             ("api", "stage"), buckets=BUCKETS_OVERHEAD, registry=registry,
         )  # fmt: skip
+        self.ratelimit_remaining = Gauge(
+            "taotrace_ratelimit_remaining", "Requests or tokens left in the upstream's rate-limit window (last response).",
+            ("model", "kind"), registry=registry,
+        )  # fmt: skip
+        self.ratelimit_limit = Gauge(
+            "taotrace_ratelimit_limit", "The upstream's rate limit for the window (last response).",
+            ("model", "kind"), registry=registry,
+        )  # fmt: skip
+        self.ratelimit_reset = Gauge(
+            "taotrace_ratelimit_reset_timestamp_seconds", "When the upstream's rate-limit window is replenished (epoch s).",
+            ("model", "kind"), registry=registry,
+        )  # fmt: skip
+        self.cost = Counter(
+            "taotrace_cost", "Cost of the requests, from the --prices table (in its currency).", am, registry=registry
+        )
+        self.cost_unpriced = Counter(
+            "taotrace_cost_unpriced_requests", "Requests with reported usage whose model has no price (never guessed).",
+            am, registry=registry,
+        )  # fmt: skip
+        self.cost_cache_savings = Counter(
+            "taotrace_cost_cache_savings", "Cached input tokens at the input price minus what they cost.",
+            am, registry=registry,
+        )  # fmt: skip
+        self.attributed = (
+            _Attributed(
+                registry, [a for a, _ in attribute_labels], [n for _, n in attribute_labels], attribute_label_values
+            )
+            if attribute_labels
+            else None
+        )
         self._children: dict[tuple[str, str], _Children] = {}
         self._overhead: dict[str, tuple[HistogramChild, HistogramChild]] = {}
         if collector_registry is not None:
@@ -210,3 +292,26 @@ class Metrics:
             c.tok_cached.inc(u.cached_input_tokens)
         if u.reasoning_tokens:
             c.tok_reasoning.inc(u.reasoning_tokens)
+        if rec.rate_limits is not None:
+            self._rate_limits(rec, model)
+        cost = rec.cost
+        if cost is not None:
+            if cost.amount is None:
+                self.cost_unpriced.labels(rec.api, model).inc()
+            else:
+                self.cost.labels(rec.api, model).inc(cost.amount)
+                if cost.cache_savings:
+                    self.cost_cache_savings.labels(rec.api, model).inc(cost.cache_savings)
+        if self.attributed is not None:
+            self.attributed.record(rec, model)
+
+    def _rate_limits(self, rec: RequestRecord, model: str) -> None:
+        assert rec.rate_limits is not None
+        observed = rec.rate_limits.observed_at
+        for rl in rec.rate_limits.limits:
+            if rl.remaining is not None:
+                self.ratelimit_remaining.labels(model, rl.kind).set(rl.remaining)
+            if rl.limit is not None:
+                self.ratelimit_limit.labels(model, rl.kind).set(rl.limit)
+            if rl.reset is not None:
+                self.ratelimit_reset.labels(model, rl.kind).set(observed + rl.reset)

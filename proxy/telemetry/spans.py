@@ -124,7 +124,10 @@ _NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpa
 _NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
 _MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
-_MAX_ROOT_ATTRIBUTES = 48  # the root has at most 42 (20 at start with 9 request parameters, 22 at the end)
+# The root has at most 75: 42 of its own (20 at start with 9 request parameters, 22 at the end)
+# and 33 from proxy/accounting: at most 16 header attributes + user.id + taotrace.key.id,
+# 13 rate-limit values, taotrace.cost and its currency.
+_MAX_ROOT_ATTRIBUTES = 80
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
@@ -506,6 +509,13 @@ class Telemetry:
         if rec.stream:
             attrs["taotrace.usage_source"] = rec.usage_source
             attrs["taotrace.token_events"] = t.token_events
+        if rec.attributes:  # attribution: header values, user.id, taotrace.key.id (never the key)
+            attrs.update(rec.attributes)
+        if rec.rate_limits is not None:
+            attrs.update(rec.rate_limits.attributes())
+        if rec.cost is not None and rec.cost.amount is not None:
+            attrs["taotrace.cost"] = rec.cost.amount
+            attrs["taotrace.cost.currency"] = rec.cost.currency
         if output_text is not None and self.capture_content:
             attrs["gen_ai.output.messages"] = output_text[:65536]
         if rec.error_type:

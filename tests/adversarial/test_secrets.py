@@ -169,7 +169,17 @@ async def test_no_canary_leaks_anywhere() -> None:
     upstream = "http://127.0.0.1:%d" % up_runner.addresses[0][1]
     env = sink.env()
     common = ("--log-level", "debug", "--access-log", "--drain-seconds", "1")
-    main = ProxyProcess("--upstream", upstream, "--read-timeout", "1", "--max-body-bytes", "4096", *common, env=env)
+    # Attribution on, with the key's fingerprint as a metric label: the id may appear, the key never.
+    attribution = (
+        "--attribute-header",
+        "x-scenario=app.scenario",
+        "--attribute-body-user",
+        "--metric-label",
+        "taotrace.key.id",
+    )
+    main = ProxyProcess(
+        "--upstream", upstream, "--read-timeout", "1", "--max-body-bytes", "4096", *common, *attribution, env=env
+    )
     dead = ProxyProcess("--upstream", "http://127.0.0.1:9", *common, env=env)  # port 9: nothing listens
     proxy_bodies: list[tuple[str, bytes]] = []  # error bodies the proxy itself produced
     try:
@@ -234,10 +244,16 @@ async def test_no_canary_leaks_anywhere() -> None:
         assert _leaks(text.encode()) == [], (name, _leaks(text.encode()))
     assert "GET /v1/models 200" in logs["main"] or "POST /v1/models 200" in logs["main"]  # the access log ran
     assert _leaks(b"".join(sink.bodies)) == []
+    key_ids = {a.value.string_value for s in spans for a in s.attributes if a.key == "taotrace.key.id"}
+    # One key, three processes, three random per-process salts: three fingerprints.
+    assert len(key_ids) == 3 and all(len(k) == 12 for k in key_ids)
+    assert any(a.key == "app.scenario" for s in spans for a in s.attributes)
     for span in spans:  # decoded, in case a value were ever compressed or escaped
         values = [span.name] + [str(a.value) for a in span.attributes] + [str(e) for e in span.events]
         assert _leaks("\n".join(values).encode()) == [], span.name
     assert b"taotrace_requests_total" in scraped and _leaks(scraped) == []
+    assert b"taotrace_attributed_requests_total{" in scraped
+    assert sum(k.encode() in scraped for k in key_ids) == 1  # main's, as its metric label
     for name, out in proxy_bodies:
         assert _leaks(out) == [], (name, out[:300])
 

@@ -1,0 +1,49 @@
+"""`/embeddings` is a dialect of its own (operation `embeddings`, input tokens, duration, no
+TTFT); the models list and other paths stay `other`, with their status and duration."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from tests.conftest import ProxyFactory
+from tests.fakes import json_handler
+
+EMBEDDING = {
+    "object": "list",
+    "data": [{"object": "embedding", "index": 0, "embedding": [0.1, -0.2, 0.3]}],
+    "model": "text-embedding-3-small",
+    "usage": {"prompt_tokens": 8, "total_tokens": 8},
+}
+
+
+async def test_embeddings_span_and_metrics(start_proxy: ProxyFactory, client: aiohttp.ClientSession) -> None:
+    async with start_proxy() as p:
+        p.serve(json_handler(EMBEDDING))
+        body = {"model": "text-embedding-3-small", "input": "the food was delicious"}
+        async with client.post(p.url + "/v1/embeddings", json=body) as r:
+            assert r.status == 200 and (await r.json()) == EMBEDDING
+        p.serve(json_handler({"object": "list", "data": [{"id": "gpt-4o"}]}))
+        async with client.get(p.url + "/v1/models") as r:
+            assert r.status == 200
+        async with aiohttp.ClientSession() as s, s.get(p.metrics_url + "/metrics") as resp:
+            text = await resp.text()
+    emb, models = (s for s in p.spans() if s.kind.name == "CLIENT")
+    assert emb.name == "embeddings text-embedding-3-small"
+    a = emb.attributes
+    assert (a["gen_ai.operation.name"], a["gen_ai.provider.name"], a["taotrace.api"]) == (
+        "embeddings",
+        "openai",
+        "embeddings",
+    )
+    assert a["gen_ai.usage.input_tokens"] == 8 and "gen_ai.usage.output_tokens" not in a
+    assert a["gen_ai.response.model"] == "text-embedding-3-small"
+    assert "gen_ai.response.time_to_first_chunk" not in a and a["taotrace.duration"] > 0
+    rec = p.records[0]
+    assert rec.api == "embeddings" and rec.usage_source == "reported" and rec.timing.ttft is None
+    assert models.name == "GET" and models.attributes["taotrace.api"] == "other"
+    assert models.attributes["http.response.status_code"] == 200 and p.records[1].timing.duration > 0
+    assert 'taotrace_tokens_total{api="embeddings",model="text-embedding-3-small",type="input"} 8.0' in text
+    assert 'taotrace_request_duration_seconds_count{api="embeddings",model="text-embedding-3-small"} 1.0' in text
+    assert 'taotrace_request_duration_seconds_count{api="other",model="unknown"} 1.0' in text
+    assert 'taotrace_requests_total{api="other",error_type="",model="unknown",status_code="200"} 1.0' in text
+    assert 'taotrace_time_to_first_token_seconds_count{api="embeddings",model="text-embedding-3-small"} 0.0' in text
