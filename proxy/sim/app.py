@@ -1,6 +1,7 @@
 """The simulator's aiohttp app: routes by path suffix, like the proxy's dialect table.
 
     POST …/chat/completions | …/completions | …/responses | …/messages   generate (stream or not)
+    POST …/embeddings                                                    deterministic vectors
     GET  …/models, …/models/{id}                                         the catalogue
     GET  /healthz                                                        alive
     GET  /sim/stats, /sim/requests/{id}                                  KV cache and per-request truth
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from proxy.sim.anthropic import MessagesWriter
 from proxy.sim.catalogue import ModelSpec
+from proxy.sim.embeddings import embeddings_body, parse_embeddings
 from proxy.sim.engine import ADMITTED, Engine, Handle
 from proxy.sim.errors import (
     SimError,
@@ -29,11 +31,13 @@ from proxy.sim.errors import (
     error_body,
     injected,
     model_not_found,
+    over_budget,
     unauthorized,
 )
 from proxy.sim.openai_chat import ChatWriter, CompletionsWriter
 from proxy.sim.openai_responses import ResponsesWriter
 from proxy.sim.physics import Physics
+from proxy.sim.ratelimit import Budgets, quota_headers
 from proxy.sim.request import SimRequest, parse_request
 from proxy.sim.settings import SimSettings
 from proxy.sim.text import Output, plan_output
@@ -70,6 +74,18 @@ class Simulator:
             )
             for spec in catalogue
         }
+        self.budgets = Budgets(settings.rate_limit_requests, settings.rate_limit_tokens, settings.rate_limit_window)
+
+    def charge(self, api: str, headers: Mapping[str, str], tokens: int) -> dict[str, str]:
+        """Spend the caller's budget: its rate-limit headers, or `SimError` 429 when it is spent."""
+        if not self.budgets.enabled:
+            return {}
+        quota = self.budgets.charge(_key_of(headers), tokens)
+        out = quota_headers(api, quota, time.time())
+        if not quota.allowed:
+            kind = "requests" if quota.requests and quota.remaining_requests == 0 else "tokens"
+            raise over_budget(kind, out)
+        return out
 
     def authorized(self, headers: Mapping[str, str]) -> bool:
         key = _key_of(headers)
@@ -130,7 +146,7 @@ def _json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None)
 
 
 def _error(api: str, error: SimError) -> web.Response:
-    headers = {"retry-after": "1"} if error.status == 429 else None
+    headers = error.headers or ({"retry-after": "1"} if error.status == 429 else None)
     return _json(error_body(api, error), error.status_for(api), headers)
 
 
@@ -160,13 +176,14 @@ async def _request_stats(request: web.Request) -> web.Response:
     return _json(found) if found is not None else _json({"error": "unknown or unfinished request"}, 404)
 
 
-_ENDPOINTS = {"/chat/completions", "/completions", "/responses", "/messages", "/models"}
+_ENDPOINTS = {"/chat/completions", "/completions", "/responses", "/messages", "/embeddings", "/models"}
 # The sim's own routes (it is an upstream: it does not borrow the proxy's dialect table).
 _APIS = (
     ("/chat/completions", "chat_completions"),
     ("/completions", "completions"),
     ("/responses", "responses"),
     ("/messages", "messages"),
+    ("/embeddings", "embeddings"),
 )
 
 
@@ -202,6 +219,8 @@ async def _dispatch(request: web.Request) -> web.StreamResponse:
     if kind == "models":
         return _models(sim, request, model)
     try:
+        if kind == "embeddings":
+            return await _embeddings(sim, request)
         return await _generate(sim, request, kind)
     except SimError as error:
         return _error(kind, error)
@@ -249,14 +268,15 @@ async def _generate(sim: Simulator, request: web.Request, api: str) -> web.Strea
             f"{len(prompt) + output.total} tokens ({len(prompt)} in the messages, {output.total} in the completion).",
             "context_length_exceeded",
         )
+    limits = sim.charge(api, request.headers, len(prompt) + output.total)
     writer_cls, prefix = _WRITERS[api]
     meta = Meta(new_id(prefix), spec.name, int(time.time()), output, req.include_usage, req.max_tokens)
     writer = writer_cls(meta)
     handle = engine.submit(meta.id, prompt, output.total)
     try:
         if req.stream:
-            return await _stream(request, sim, req, writer, handle, output, len(prompt))
-        return await _whole(request, req, writer, handle, output, len(prompt))
+            return await _stream(request, sim, req, writer, handle, output, len(prompt), limits)
+        return await _whole(request, req, writer, handle, output, len(prompt), limits)
     finally:
         handle.cancel()  # a no-op once finished; frees the slot and blocks if the client left
 
@@ -288,8 +308,9 @@ async def _stream(
     handle: Handle,
     output: Output,
     prompt_tokens: int,
+    limits: Mapping[str, str],
 ) -> web.StreamResponse:
-    response = web.StreamResponse(headers={**_SSE_HEADERS, "x-request-id": writer.meta.id})
+    response = web.StreamResponse(headers={**_SSE_HEADERS, **limits, "x-request-id": writer.meta.id})
     await response.prepare(request)
     if await handle.next() != ADMITTED:  # pragma: no cover - the engine always admits first
         raise RuntimeError("engine protocol")
@@ -323,7 +344,13 @@ def _cut(request: web.Request) -> None:
 
 
 async def _whole(
-    request: web.Request, req: SimRequest, writer: Writer, handle: Handle, output: Output, prompt_tokens: int
+    request: web.Request,
+    req: SimRequest,
+    writer: Writer,
+    handle: Handle,
+    output: Output,
+    prompt_tokens: int,
+    limits: Mapping[str, str],
 ) -> web.StreamResponse:
     if await handle.next() != ADMITTED:  # pragma: no cover
         raise RuntimeError("engine protocol")
@@ -336,7 +363,20 @@ async def _whole(
                 _cut(request)
                 return web.StreamResponse()
             raise injected("500")
-    return _json(writer.body(_usage(prompt_tokens, handle, output, done)), headers={"x-request-id": writer.meta.id})
+    body = writer.body(_usage(prompt_tokens, handle, output, done))
+    return _json(body, headers={**limits, "x-request-id": writer.meta.id})
+
+
+async def _embeddings(sim: Simulator, request: web.Request) -> web.Response:
+    if not sim.authorized(request.headers):
+        raise unauthorized()
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        raise bad_request("We could not parse the JSON body of your request.") from None
+    req = parse_embeddings(body, sim.tokenizer)
+    limits = sim.charge("embeddings", request.headers, req.tokens)
+    return _json(embeddings_body(req), headers={**limits, "x-request-id": new_id("emb-")})
 
 
 def create_app(settings: SimSettings, catalogue: tuple[ModelSpec, ...], tokenizer: Tokenizer) -> web.Application:

@@ -4,7 +4,7 @@ SimError                      (status, OpenAI type + code, Anthropic type)
 ├── 400 invalid_request_error  bad JSON, missing field, context_length_exceeded
 ├── 401 invalid_api_key        / authentication_error
 ├── 404 model_not_found        / not_found_error
-├── 429 rate_limit_exceeded    / rate_limit_error
+├── 429 rate_limit_exceeded    / rate_limit_error   (injected, or a key over its budget)
 ├── 500 server_error           / api_error
 └── 503 overloaded             / overloaded_error (Anthropic sends 529)
 """
@@ -13,14 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SimError", "bad_request", "error_body", "injected", "model_not_found", "unauthorized"]
+__all__ = ["SimError", "bad_request", "error_body", "injected", "model_not_found", "over_budget", "unauthorized"]
 
 
 class SimError(Exception):
     """An error response: HTTP status, message, OpenAI `type`/`code`, Anthropic `type`."""
 
-    def __init__(self, status: int, message: str, openai_type: str, code: str | None, anthropic_type: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        openai_type: str,
+        code: str | None,
+        anthropic_type: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
+        self.headers = headers  # sent with the error (rate-limit headers, retry-after)
         self.status = status
         self.message = message
         self.openai_type = openai_type
@@ -55,6 +64,14 @@ def model_not_found(model: str) -> SimError:
         "model_not_found",
         "not_found_error",
     )
+
+
+def over_budget(kind: str, headers: dict[str, str]) -> SimError:
+    """429 for a key that spent its rate-limit budget; `headers` say how long to wait."""
+    message = (
+        f"Rate limit reached for {kind} (simulated budget). Please try again in {headers.get('retry-after', '1')}s."
+    )
+    return SimError(429, message, kind, "rate_limit_exceeded", "rate_limit_error", headers)
 
 
 _INJECTED: dict[str, tuple[int, str, str, str, str]] = {

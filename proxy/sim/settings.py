@@ -73,6 +73,15 @@ class SimSettings(BaseSettings):
         "", description="serve the API only under this prefix, e.g. /v1 (empty: any prefix, or none)"
     )
     catalogue: str | None = Field(None, description='JSON file overriding or adding models: {"models": [...]}')
+    rate_limit_requests: int = Field(
+        0, ge=0, le=10**9, description="requests per key per --rate-limit-window before 429 (0 = no limit)"
+    )
+    rate_limit_tokens: int = Field(
+        0, ge=0, le=10**12, description="prompt + planned output tokens per key per window before 429 (0 = no limit)"
+    )
+    rate_limit_window: float = Field(
+        60.0, gt=0, le=86400, description="seconds of the per-key rate-limit window (wall clock, not time-scaled)"
+    )
 
     _split_keys = field_validator("api_keys", "bad_keys", mode="before")(_split_csv)
     _check_prefix = field_validator("path_prefix")(_prefix)
