@@ -129,10 +129,10 @@ _SUFFIXES = (".toml", ".yaml", ".yml")
 
 def _parse(path: Path, text: str) -> Any:
     if path.suffix.lower() == ".toml":
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - Python 3.10
-            import tomli as tomllib
+        if sys.version_info < (3, 11):  # pragma: no cover - tomllib is 3.11+
+            raise ValueError(f"--prices {path}: TOML needs Python 3.11 or later; write the table in YAML")
+        import tomllib
+
         return tomllib.loads(text)
     import yaml
 
