@@ -154,15 +154,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     procs: list[subprocess.Popen[bytes]] = []
     try:
+        # A per-key budget the traffic never spends (rate-limit headers on every answer), and a price
+        # table with one of the sim's models left out (the unpriced panel has data too).
         sim = spawn(
-            [sys.executable, "-m", "proxy", "sim", "--host", "127.0.0.1", "--port", str(sim_port), "--time-scale", "0.2"],
+            [sys.executable, "-m", "proxy", "sim", "--host", "127.0.0.1", "--port", str(sim_port), "--time-scale", "0.2",
+             "--rate-limit-requests", "1000000", "--rate-limit-tokens", "1000000000"],
             tmp / "sim.log", env,
         )  # fmt: skip
+        prices = tmp / "prices.yaml"
+        prices.write_text(
+            "currency: USD\nmodels:\n"
+            "  gpt-4o-mini: {input: 0.15, cached_input: 0.075, output: 0.60}\n"
+            "  gpt-4o: {input: 2.50, cached_input: 1.25, output: 10.00}\n"
+        )
         procs.append(sim)
         proxy = spawn(
             [sys.executable, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{sim_port}",
              "--host", "127.0.0.1", "--port", str(proxy_port),
-             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port)],
+             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--prices", str(prices)],
             tmp / "proxy.log", env,
         )  # fmt: skip
         procs.append(proxy)
