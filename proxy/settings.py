@@ -155,7 +155,7 @@ class Settings(BaseSettings):
         "taotrace_attributed_* metrics (comma separated; none: those metrics are not exported)",
     )
     metric_label_values: int = Field(
-        20, ge=1, le=1000, description="distinct values kept per --metric-label before the rest become 'other'"
+        20, ge=1, le=1000, description="distinct values kept per metric label before the rest become 'other'"
     )
     prices: str | None = Field(
         None, description="price table (TOML or YAML, per million tokens) for taotrace.cost and taotrace_cost_total"

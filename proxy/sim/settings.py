@@ -74,7 +74,7 @@ class SimSettings(BaseSettings):
     )
     catalogue: str | None = Field(None, description='JSON file overriding or adding models: {"models": [...]}')
     rate_limit_requests: int = Field(
-        0, ge=0, le=10**9, description="requests per key per --rate-limit-window before 429 (0 = no limit)"
+        0, ge=0, le=10**9, description="requests per key per rate-limit window before 429 (0 = no limit)"
     )
     rate_limit_tokens: int = Field(
         0, ge=0, le=10**12, description="prompt + planned output tokens per key per window before 429 (0 = no limit)"
