@@ -115,9 +115,7 @@ class _Attributed:
     Each label is bounded like `model`: the first `limit` values, then `other`.
     """
 
-    def __init__(
-        self, registry: Registry, attributes: Sequence[str], labels: Sequence[str], limit: int
-    ) -> None:
+    def __init__(self, registry: Registry, attributes: Sequence[str], labels: Sequence[str], limit: int) -> None:
         self.attributes = tuple(attributes)
         self.values = tuple(ModelLabels(limit=limit) for _ in attributes)
         extra = tuple(labels)
