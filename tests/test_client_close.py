@@ -344,3 +344,35 @@ async def test_non_streaming_client_closing_after_the_whole_body_is_a_success(pr
     await eventually(lambda: len(proxy.records) == 5)
     assert [r.error_type for r in proxy.records] == [""] * 5
     assert all(r.usage.output_tokens == 1 for r in proxy.records)
+
+
+@pytest.mark.parametrize("terminal_sent", [True, False])
+async def test_drain_deadline_after_the_terminal_event_is_not_shutdown(
+    terminal_sent: bool, start_proxy: ProxyFactory, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    """SIGTERM's drain deadline cuts a stream whose upstream still lingers: after the terminal
+    event the client had the whole answer (a success); before it, the request is `shutdown`."""
+    frames = chat_stream(5)
+    if terminal_sent:
+        upstream.handler = stream_handler(frames, gap=0.005, linger=10.0)
+    else:
+        upstream.handler = _Paused(frames, 10.0)
+
+    async def read() -> bytes:
+        received = b""
+        try:
+            async with client.post(p.url + "/v1/chat/completions", json=BODY) as r:
+                async for data in r.content.iter_any():
+                    received += data
+        except aiohttp.ClientPayloadError:
+            pass  # cut by the drain, as it should be
+        return received
+
+    async with start_proxy(drain_seconds=0.3) as p:
+        reading = asyncio.ensure_future(read())
+        await eventually(lambda: len(upstream.seen) == 1)
+        await asyncio.sleep(0.3)  # every frame but the lingering part has been relayed
+    received = await asyncio.wait_for(reading, 5)
+    assert received.endswith(b"data: [DONE]\n\n") is terminal_sent
+    rec = await record(p, 1)
+    assert rec.error_type == ("" if terminal_sent else "shutdown")  # type: ignore[attr-defined]
