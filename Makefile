@@ -1,15 +1,17 @@
 # taotrace — the two commands a newcomer needs: `make demo` and `make test`.
 #
 # Each target installs only what it runs into .venv (pyproject.toml's extras): `demo`, `serve`,
-# `sim` and `bench` the runtime, `test` the runtime + [test,stack], `venv`
+# `sim` and `bench` the runtime, `test` the runtime + [test,stack], `lint` those + [lint], `venv`
 # everything ([dev]). Recipes are quiet (`@`, pip's chatter on stderr), so
 # `make demo ARGS="--once --json"` prints only JSON on stdout.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
+# What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
+LINT_PATHS := proxy tests deploy
 
-.PHONY: venv system-deps test demo serve sim bench clean
+.PHONY: venv system-deps test lint demo serve sim bench clean
 
 $(PY):
 	@$(PYTHON) -m venv $(VENV)
@@ -21,6 +23,10 @@ $(VENV)/.installed-runtime: pyproject.toml | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)
 	@$(PY) -m pip install -q -e '.[test,stack]' >&2
+	@touch $@
+
+$(VENV)/.installed-lint: pyproject.toml | $(PY)
+	@$(PY) -m pip install -q -e '.[test,stack,lint]' >&2
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
@@ -40,6 +46,12 @@ system-deps:
 
 test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest -q $(ARGS)
+
+# ruff (lint, then format check) and mypy --strict with the pydantic plugin; CI runs it first.
+lint: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 demo: $(VENV)/.installed-runtime
 	@$(VENV)/bin/taotrace demo $(ARGS)

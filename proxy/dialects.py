@@ -13,7 +13,7 @@ never to an error.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 
@@ -54,6 +54,10 @@ _DIALECTS: tuple[tuple[str, str, str, str], ...] = (
 MAX_MODEL_LENGTH = 256
 
 
+# A GenAI request parameter as a span attribute value (`gen_ai.request.stop_sequences` is the tuple).
+ParamValue: TypeAlias = "int | float | str | tuple[str, ...]"
+
+
 @dataclass(frozen=True, slots=True)
 class RequestInfo:
     """What the proxy learned from a request: dialect, operation, provider, model, streaming."""
@@ -65,7 +69,7 @@ class RequestInfo:
     stream: bool
     content: str | None = None  # the request's messages as JSON, only when capture is on
     # GenAI request parameters as span attributes (`gen_ai.request.temperature`, ...), validated
-    params: tuple[tuple[str, object], ...] = ()
+    params: tuple[tuple[str, ParamValue], ...] = ()
     end_user: str | None = None  # OpenAI `user` / Anthropic `metadata.user_id`, only when asked for
 
 
@@ -155,7 +159,7 @@ _PARAMS: dict[str, tuple[tuple[str, str, type], ...]] = {
 }
 
 
-def _param(value: object, kind: type) -> object:
+def _param(value: object, kind: type) -> ParamValue | None:
     """The value as the spec's type, or None when it is not one (upstreams reject those anyway)."""
     if isinstance(value, bool):
         return None
@@ -183,9 +187,9 @@ def _output_type(api: str, obj: dict[str, Any]) -> str | None:
     return "text" if kind == "text" else None
 
 
-def request_params(api: str, obj: dict[str, Any]) -> tuple[tuple[str, object], ...]:
+def request_params(api: str, obj: dict[str, Any]) -> tuple[tuple[str, ParamValue], ...]:
     """The GenAI `gen_ai.request.*` attributes a request body sets, validated and typed."""
-    found: dict[str, object] = {}
+    found: dict[str, ParamValue] = {}
     for key, attribute, kind in _PARAMS.get(api, ()):
         if attribute in found or key not in obj:
             continue
@@ -443,7 +447,9 @@ class ResponsesReader(StreamReader):
         return super().feed(event)
 
     def _read(self, kind: str, obj: dict[str, Any]) -> bool:
-        kind = obj.get("type") if isinstance(obj.get("type"), str) else kind
+        typ = obj.get("type")
+        if isinstance(typ, str):
+            kind = typ
         if kind in _RESPONSES_TOKENS:
             delta = obj.get("delta")
             if kind == "response.output_text.delta":
@@ -487,7 +493,9 @@ class MessagesReader(StreamReader):
         return self._read(kind, obj)
 
     def _read(self, kind: str, obj: dict[str, Any]) -> bool:
-        kind = obj.get("type") if isinstance(obj.get("type"), str) else kind
+        typ = obj.get("type")
+        if isinstance(typ, str):
+            kind = typ
         if kind == "content_block_delta":
             delta = obj.get("delta")
             if not isinstance(delta, dict):

@@ -77,7 +77,7 @@ class _Relay:
 
     def __init__(
         self,
-        transport: Any,
+        transport: asyncio.Transport | None,
         chunked: bool,
         clock: Clock,
         phase: PhaseClock,

@@ -63,9 +63,9 @@ class SSEDecoder:
             and not self._oversized
             and b"\r" not in chunk
         ):
-            events = self._simple(chunk)
-            if events is not None:
-                return events
+            simple = self._simple(chunk)
+            if simple is not None:
+                return simple
         if b"\r" in chunk:
             self._skip_lf = chunk[-1:] == b"\r"
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")

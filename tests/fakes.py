@@ -118,7 +118,7 @@ def json_handler(obj: object, status: int = 200, headers: dict[str, str] | None 
 
 def chat_chunk(
     content: str | None = None, *, role: str | None = None, finish: str | None = None, **delta: object
-) -> dict:
+) -> dict[str, object]:
     d: dict[str, object] = dict(delta)
     if role is not None:
         d["role"] = role
@@ -133,7 +133,7 @@ def chat_chunk(
     }
 
 
-def usage_chunk(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict:
+def usage_chunk(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict[str, object]:
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion.chunk",
@@ -236,13 +236,13 @@ class OTLPGrpcMetricsSink:
     """A real OTLP/gRPC metrics receiver (grpcio server) on a free port; keeps the requests' bytes."""
 
     def __init__(self) -> None:
-        import grpc
+        import grpc  # type: ignore[import-untyped]  # grpcio ships no type information
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
         payloads: list[bytes] = []
         self.payloads = payloads
 
-        class Service(metrics_service_pb2_grpc.MetricsServiceServicer):  # type: ignore[misc]
+        class Service(metrics_service_pb2_grpc.MetricsServiceServicer):
             def Export(self, request: object, context: object) -> object:
                 payloads.append(request.SerializeToString())  # type: ignore[attr-defined]
                 return metrics_service_pb2.ExportMetricsServiceResponse()

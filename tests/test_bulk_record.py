@@ -32,6 +32,7 @@ def points(reader: InMemoryMetricReader) -> list[tuple[object, ...]]:
     for rm in data.resource_metrics:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
+                p: Any
                 for p in m.data.data_points:
                     out.append((sorted(p.attributes.items()), p.count, round(p.sum, 9), p.bucket_counts, p.min, p.max))
     return sorted(out)
@@ -44,7 +45,7 @@ def test_same_points_as_one_record_per_value(temporality: AggregationTemporality
     record_many = BulkRecorder().record
     one, one_reader = provider(temporality, exemplars)
     bulk, bulk_reader = provider(temporality, exemplars)
-    attribute_sets = [{"a": "x", "n": 1}, {"a": "y", "n": 1}, {}]
+    attribute_sets: list[dict[str, str | int]] = [{"a": "x", "n": 1}, {"a": "y", "n": 1}, {}]
     for _round in range(3):  # several collections: delta resets, cumulative keeps adding
         for _ in range(20):
             attrs = rng.choice(attribute_sets)

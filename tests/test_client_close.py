@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from opentelemetry.trace import StatusCode
 
+from proxy.timing import RequestRecord
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import (
     FakeUpstream,
@@ -84,7 +85,7 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def record(p: Proxied, n: int) -> object:
+async def record(p: Proxied, n: int) -> RequestRecord:
     await eventually(lambda: len(p.records) >= n)
     return p.records[n - 1]
 
@@ -93,24 +94,24 @@ def root_span(p: Proxied) -> object:
     return [s for s in p.spans() if s.name not in ("network", "prefill_wait", "decode")][-1]
 
 
-def assert_clean(p: Proxied, rec: object, case: Case, seen: float) -> None:
-    assert (rec.status_code, rec.error_type) == (200, "")  # type: ignore[attr-defined]
-    assert rec.usage.output_tokens == case.output_tokens and rec.usage_source == "reported"  # type: ignore[attr-defined]
-    assert rec.timing.tpot is not None and rec.timing.itl  # type: ignore[attr-defined]
-    assert rec.timing.end <= seen  # timed to the last byte written, not to the close  # type: ignore[attr-defined]
+def assert_clean(p: Proxied, rec: RequestRecord, case: Case, seen: float) -> None:
+    assert (rec.status_code, rec.error_type) == (200, "")
+    assert rec.usage.output_tokens == case.output_tokens and rec.usage_source == "reported"
+    assert rec.timing.tpot is not None and rec.timing.itl
+    assert rec.timing.end <= seen  # timed to the last byte written, not to the close
     root = root_span(p)
     assert root.status.status_code != StatusCode.ERROR and "error.type" not in root.attributes  # type: ignore[attr-defined]
-    assert p.srv.registry.get_sample_value("taotrace_in_flight_requests", {"api": rec.api}) == 0  # type: ignore[attr-defined]
+    assert p.srv.registry.get_sample_value("taotrace_in_flight_requests", {"api": rec.api}) == 0
 
 
 async def second_request_reused(p: Proxied, client: aiohttp.ClientSession, path: str) -> bool:
     async with client.post(p.url + path, json=BODY) as r:
         await r.read()
     rec = await record(p, 2)
-    assert rec.error_type == ""  # type: ignore[attr-defined]
+    assert rec.error_type == ""
     network = p.spans("network")[-1]
-    assert network.attributes["taotrace.connection.reused"] is rec.timing.connection_reused  # type: ignore[attr-defined]
-    return bool(rec.timing.connection_reused)  # type: ignore[attr-defined]
+    assert network.attributes["taotrace.connection.reused"] is rec.timing.connection_reused
+    return bool(rec.timing.connection_reused)
 
 
 @pytest.mark.parametrize("linger_ms", [0, 40, 500])
@@ -124,7 +125,7 @@ async def test_close_after_terminal_event_is_a_clean_end_and_keeps_the_connectio
         received, seen = await close_after(client, p.url + case.path, case.frames[-1])
         assert received == b"".join(case.frames)
         rec = await record(p, 1)
-        assert rec.api == api  # type: ignore[attr-defined]
+        assert rec.api == api
         assert_clean(p, rec, case, seen)
         await eventually(lambda: len(upstream.completed) == 1)  # read to its end, not cut
         assert upstream.disconnected == []
@@ -230,7 +231,7 @@ async def test_upstream_cut_after_the_terminal_event_is_a_success(
     assert received == b"".join(frames)
     rec = await record(proxy, 1)
     assert_clean(proxy, rec, CASES["chat_completions"], done)
-    assert rec.timing.end < done - 0.05  # the last byte, not the cut 100 ms later  # type: ignore[attr-defined]
+    assert rec.timing.end < done - 0.05  # the last byte, not the cut 100 ms later
 
 
 async def test_terminal_event_split_across_reads(proxy: Proxied, client: aiohttp.ClientSession) -> None:
@@ -253,7 +254,7 @@ async def test_response_failed_is_the_streams_own_error_not_an_abort(
     proxy.serve(stream_handler(frames, gap=0.005, linger=0.3))
     await close_after(client, proxy.url + "/v1/responses", frames[-1])
     rec = await record(proxy, 1)
-    assert (rec.status_code, rec.error_type) == (200, "stream_error")  # type: ignore[attr-defined]
+    assert (rec.status_code, rec.error_type) == (200, "stream_error")
     root = root_span(proxy)
     assert root.attributes["error.type"] == "stream_error"  # type: ignore[attr-defined]
     await eventually(lambda: len(proxy.upstream.completed) == 1)  # the connection was still kept
@@ -270,7 +271,7 @@ async def test_close_before_the_terminal_event_is_still_an_abort(
     await close_after(client, proxy.url + case.path, frames[-2])
     closed_at = asyncio.get_running_loop().time()
     rec = await record(proxy, 1)
-    assert rec.error_type == "client_abort"  # type: ignore[attr-defined]
+    assert rec.error_type == "client_abort"
     await eventually(lambda: bool(proxy.upstream.disconnected))
     assert proxy.upstream.disconnected[0] - closed_at < 1.0  # cancelled at once, as before
 
@@ -304,7 +305,7 @@ async def test_connection_slot_is_held_until_the_rest_is_read(
         await close_after(client, p.url + "/v1/chat/completions", frames[-1])
         upstream.handler = stream_handler(frames)
         assert await second_request_reused(p, client, "/v1/chat/completions")
-        assert p.records[1].timing.pool_wait > 0.1
+        assert (p.records[1].timing.pool_wait or 0.0) > 0.1
 
 
 async def test_shutdown_cancels_the_background_read(

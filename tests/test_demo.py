@@ -23,7 +23,7 @@ RUN_KEYS = {
     "label", "model", "input_tokens", "cached_tokens", "ttft_s", "total_s", "output_tokens", "tpot_s",
     "tokens_per_s", "proxy_ttft_s", "network_s", "prefill_wait_s", "decode_s", "kv_bytes",
 }  # fmt: skip
-QUICK = {"once": True, "port": 0, "metrics_port": 0, "time_scale": 0.5, "max_tokens": 24}
+QUICK: dict[str, Any] = {"once": True, "port": 0, "metrics_port": 0, "time_scale": 0.5, "max_tokens": 24}
 
 
 def _runs(doc: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -38,7 +38,8 @@ def demo_json() -> dict[str, Any]:
         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout)
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
 
 
 def test_json_schema_is_exactly_the_issues(demo_json: dict[str, Any]) -> None:

@@ -71,7 +71,7 @@ def test_prompt_text_captured_only_on_opt_in() -> None:
     assert captured is not None and "secret prompt" in captured
 
 
-def chunk(**delta: object) -> dict:
+def chunk(**delta: object) -> dict[str, object]:
     return {"id": "c1", "model": "gpt-x", "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
 
@@ -90,7 +90,7 @@ def chunk(**delta: object) -> dict:
         ({"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}, True),
     ],
 )
-def test_chat_token_rules(delta: dict, is_token: bool) -> None:
+def test_chat_token_rules(delta: dict[str, object], is_token: bool) -> None:
     reader = reader_for(API_CHAT)
     assert reader is not None
     assert reader.feed(ev(chunk(**delta))) is is_token

@@ -10,6 +10,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -33,7 +34,8 @@ async def sim() -> AsyncIterator[SimRunning]:
 
 
 async def _doctor(**kwargs: object) -> tuple[list[Check], str]:
-    settings = DoctorSettings(**{"api_key": SECRET, "timeout": 3.0, **kwargs})
+    args: dict[str, Any] = {"api_key": SECRET, "timeout": 3.0, **kwargs}
+    settings = DoctorSettings(**args)
     checks = await diagnose(load_target(settings), settings.timeout)
     out = io.StringIO()
     report(load_target(settings), checks, False, out)
@@ -98,7 +100,7 @@ async def test_a_proxy_that_cannot_reach_its_upstream_is_told_as_such(sim: SimRu
     async with proxy_running(settings) as srv:
         failed = _failed((await _doctor(base_url=srv.proxy_url + "/v1"))[0])
     assert failed.name == "auth" and "the taotrace proxy answered 502: it cannot reach its upstream" in failed.detail
-    assert "having trouble" not in failed.fix and "--upstream" in failed.fix
+    assert failed.fix is not None and "having trouble" not in failed.fix and "--upstream" in failed.fix
 
 
 @pytest.mark.parametrize(

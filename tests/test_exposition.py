@@ -43,7 +43,7 @@ def _pair() -> tuple[ex.Registry, pc.CollectorRegistry, Callable[[str, tuple[str
     for name, (mine, lib, labels) in kinds.items():
         kw = {"buckets": BUCKETS_LATENCY if "latency" in name else BUCKETS_TOKEN} if mine is ex.Histogram else {}
         doc = f"Help of {name}, with a \\ backslash."
-        fams[name] = (mine(name, doc, labels, registry=ours, **kw), lib(name, doc, labels, registry=theirs, **kw))  # type: ignore[operator]
+        fams[name] = (mine(name, doc, labels, registry=ours, **kw), lib(name, doc, labels, registry=theirs, **kw))
 
     def feed(name: str, labels: tuple[str, ...], value: float, trace_id: str | None) -> None:
         a, b = fams[name]
@@ -163,7 +163,7 @@ def _fill(metrics: Metrics, models: int) -> None:
                 metrics.record(record_for(api, f"model-{k}", status, rnd))
 
 
-async def test_metrics_port_serves_both_formats(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+async def test_metrics_port_serves_both_formats(aiohttp_client) -> None:
     metrics = Metrics(None)
     _fill(metrics, models=2)
     client = await aiohttp_client(create_metrics_app(metrics.registry.render, lambda: "ready"))

@@ -47,7 +47,7 @@ def blackhole() -> Iterator[int]:
     server.close()
 
 
-async def test_connection_refused_is_a_fast_502(start_proxy, client: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
+async def test_connection_refused_is_a_fast_502(start_proxy, client: aiohttp.ClientSession) -> None:
     async with start_proxy(upstream=f"http://127.0.0.1:{free_port()}") as p:
         started = time.monotonic()
         async with client.post(p.url + "/v1/chat/completions?key=SECRET", json={"model": "m", "stream": True}) as r:
@@ -59,7 +59,7 @@ async def test_connection_refused_is_a_fast_502(start_proxy, client: aiohttp.Cli
         assert p.records[-1].error_type == "connect"
 
 
-async def test_connect_timeout_is_a_504(start_proxy, client: aiohttp.ClientSession, blackhole: int) -> None:  # type: ignore[no-untyped-def]
+async def test_connect_timeout_is_a_504(start_proxy, client: aiohttp.ClientSession, blackhole: int) -> None:
     async with start_proxy(upstream=f"http://127.0.0.1:{blackhole}", connect_timeout=0.5) as p:
         started = time.monotonic()
         async with client.post(p.url + "/v1/chat/completions", json={"model": "m"}) as r:
@@ -70,7 +70,7 @@ async def test_connect_timeout_is_a_504(start_proxy, client: aiohttp.ClientSessi
         assert p.records[-1].error_type == "timeout"
 
 
-async def test_silent_upstream_is_a_504_before_headers(start_proxy, client: aiohttp.ClientSession, upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_silent_upstream_is_a_504_before_headers(start_proxy, client: aiohttp.ClientSession, upstream) -> None:
     async def silent(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(30)
         raise AssertionError("unreachable")
@@ -81,7 +81,7 @@ async def test_silent_upstream_is_a_504_before_headers(start_proxy, client: aioh
             assert r.status == 504
 
 
-async def test_post_is_never_retried(start_proxy, client: aiohttp.ClientSession, upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_post_is_never_retried(start_proxy, client: aiohttp.ClientSession, upstream) -> None:
     async def slam(request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
         request.transport.abort()  # reset before any response byte
@@ -152,7 +152,7 @@ async def test_client_disconnect_cancels_the_upstream(when: str, proxy: Proxied)
     assert proxy.srv.registry.get_sample_value("taotrace_in_flight_requests", {"api": "chat_completions"}) == 0
 
 
-async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
+async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSession) -> None:
     from proxy.serve import running
     from proxy.settings import Settings
     from proxy.telemetry.spans import build_tracer_provider, shutdown_tracer_provider
@@ -171,7 +171,7 @@ async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSe
     assert time.monotonic() - started < 2.5
 
 
-def test_sigterm_drains_in_flight_streams_then_exits(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sigterm_drains_in_flight_streams_then_exits(tmp_path) -> None:
     """A real `taotrace serve` process: in-flight streams finish, new connections are refused."""
     script = tmp_path / "drain_client.py"
     script.write_text(DRAIN_CLIENT)

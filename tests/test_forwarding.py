@@ -58,7 +58,7 @@ async def test_request_body_method_path_and_query_reach_upstream_unchanged(
         assert proxy.upstream.seen[-1].method == method
 
 
-async def test_upstream_base_path_is_prefixed(start_proxy, client: aiohttp.ClientSession, upstream) -> None:  # type: ignore[no-untyped-def]
+async def test_upstream_base_path_is_prefixed(start_proxy, client: aiohttp.ClientSession, upstream) -> None:
     async with start_proxy(upstream=upstream.url + "/api") as p:
         async with client.get(p.url + "/v1/models") as r:
             assert r.status == 200

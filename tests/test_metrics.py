@@ -112,7 +112,7 @@ def test_model_labels_first_n_then_other() -> None:
 
 async def test_model_label_is_bounded_end_to_end(
     start_proxy, client: aiohttp.ClientSession, registry: CollectorRegistry
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     async with start_proxy(max_models=5) as p:
         for i in range(20):
             async with client.post(p.url + "/v1/chat/completions", json={"model": f"made-up-{i}"}) as r:

@@ -32,7 +32,7 @@ async def stream_with_schedule(proxy: Proxied, client: aiohttp.ClientSession) ->
     frames = scheduled_chat()
     delays = [0.0, PREFILL] + [PER_TOKEN] * (TOKENS - 1) + [0.0, 0.0, 0.0]
 
-    async def handler(request):  # type: ignore[no-untyped-def]
+    async def handler(request):
         import asyncio
 
         from aiohttp import web
@@ -186,7 +186,7 @@ async def test_each_dialect_is_timed_from_its_first_token(
     # the non-token head frames come at once; the first token waits 200 ms
     n_head = {"responses": 2, "messages": 3, "completions": 0}[api]
 
-    async def handler(request):  # type: ignore[no-untyped-def]
+    async def handler(request):
         import asyncio
 
         from aiohttp import web

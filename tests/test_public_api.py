@@ -50,7 +50,7 @@ def test_bad_upstream_is_refused_with_a_clear_message(capsys: pytest.CaptureFixt
     assert "argument --upstream: upstream must be an http(s) URL" in capsys.readouterr().err
 
 
-async def test_access_log_line_has_no_query_or_secrets(start_proxy, client, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+async def test_access_log_line_has_no_query_or_secrets(start_proxy, client, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="taotrace.access"):
         async with start_proxy(access_log=True) as p:
             async with client.post(

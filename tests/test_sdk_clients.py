@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anthropic
 import openai
 import pytest
@@ -87,7 +89,7 @@ def responses_stream() -> list[bytes]:
 
 
 def messages_stream() -> list[bytes]:
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_1",
         "type": "message",
         "role": "assistant",

@@ -102,7 +102,7 @@ async def test_prompt_text_is_not_recorded_by_default(proxy: Proxied, client: ai
         assert "PROMPT-CANARY" not in repr(dict(span.attributes or {}))
 
 
-async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSession) -> None:  # type: ignore[no-untyped-def]
+async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSession) -> None:
     async with start_proxy(capture_content=True) as p:
         p.serve(stream_handler(chat_stream(2)))
         async with client.post(

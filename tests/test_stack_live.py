@@ -85,7 +85,7 @@ class Stack:
     started: float
     evaluated_at: float
 
-    def api(self, path: str, **params: Any) -> dict[str, Any]:
+    def api(self, path: str, **params: Any) -> Any:
         url = f"{self.prometheus}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
         status, body = http_get(url, timeout=10)
         doc = json.loads(body)
@@ -104,8 +104,8 @@ def finite(result: list[dict[str, Any]]) -> bool:
 
 
 def spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    handle = log.open("wb")
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    with log.open("wb") as handle:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     proc.log_path = str(log)  # type: ignore[attr-defined]
     return proc
 
@@ -124,7 +124,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def prometheus_config(metrics_port: int) -> dict[str, Any]:
     """The shipped prometheus.yml, pointed at this test's proxy: same job, same rule files."""
-    config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+    config: dict[str, Any] = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     config.pop("alerting", None)
     config["rule_files"] = [str(PROM_DIR / pattern) for pattern in config["rule_files"]]

@@ -71,7 +71,7 @@ class Collect(SpanExporter):
 class Tagging(Sampler):
     """A custom sampler that adds an attribute: children must go through the SDK to get it."""
 
-    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):  # type: ignore[no-untyped-def]
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
         return SamplingResult(Decision.RECORD_AND_SAMPLE, {"sampler.tag": name})
 
     def get_description(self) -> str:
@@ -81,7 +81,7 @@ class Tagging(Sampler):
 class DropPrefill(Sampler):
     """A custom sampler with a per-name decision."""
 
-    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):  # type: ignore[no-untyped-def]
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
         return SamplingResult(Decision.DROP if name == "prefill_wait" else Decision.RECORD_AND_SAMPLE)
 
     def get_description(self) -> str:
@@ -94,7 +94,7 @@ class Starts(SpanProcessor):
     def __init__(self) -> None:
         self.started: list[str] = []
 
-    def on_start(self, span, parent_context=None) -> None:  # type: ignore[no-untyped-def]
+    def on_start(self, span, parent_context=None) -> None:
         self.started.append(span.name)
 
 
@@ -134,7 +134,7 @@ def carrier(
     return CIMultiDictProxy(h)
 
 
-def make(sampler: Sampler | None = None, processor: str = "simple", fast: bool = True, **kw: Any):  # type: ignore[no-untyped-def]
+def make(sampler: Sampler | None = None, processor: str = "simple", fast: bool = True, **kw: Any):
     provider = (
         TracerProvider(sampler=sampler, id_generator=CountingIds())
         if sampler
@@ -489,7 +489,7 @@ def test_other_propagators_keep_the_general_path(
     """With OTEL_PROPAGATORS naming something else, its headers are honoured (not just traceparent)."""
 
     class Single(TraceContextTextMapPropagator):  # a subclass: not the known W3C propagator
-        def extract(self, carrier, context=None, getter=None):  # type: ignore[no-untyped-def,override]
+        def extract(self, carrier, context=None, getter=None):
             value = carrier.get("x-single")
             return super().extract({"traceparent": value} if value else {}, context)
 
@@ -538,7 +538,7 @@ def test_client_baggage_reaches_the_sampler() -> None:
     class Peek(Sampler):
         def should_sample(
             self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None
-        ):  # type: ignore[no-untyped-def]
+        ):
             seen.append(dict(baggage.get_all(parent_context)))
             return ALWAYS_ON.should_sample(parent_context, trace_id, name, kind, attributes, links)
 

@@ -72,9 +72,9 @@ def test_first_chunk_precedes_first_token_and_chunk_gaps() -> None:
     clock = PhaseClock(t0=10.0)
     clock.sent(10.01)
     clock.chunk(10.10)  # role-only delta: a chunk, not a token
-    for t in (10.30, 10.32, 10.35):
-        clock.chunk(t)
-        clock.token(t)
+    for at in (10.30, 10.32, 10.35):
+        clock.chunk(at)
+        clock.token(at)
     clock.chunk(10.36)  # usage chunk
     t = clock.finish(10.4)
     assert t.ttfc == pytest.approx(0.10)

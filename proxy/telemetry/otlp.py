@@ -18,6 +18,7 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import (
     encode_spans as _library_encode_spans,
 )
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind
 
 __all__ = ["encode_spans", "library_encode"]
@@ -78,7 +79,7 @@ def _any_value(value: Any) -> bytes:
         return b""
     t = type(value)
     if t is str:
-        b = value.encode()
+        b: bytes = value.encode()
         return b"\x0a" + _len(len(b)) + b
     if t is bool:
         return b"\x10\x01" if value else b"\x10\x00"
@@ -89,7 +90,8 @@ def _any_value(value: Any) -> bytes:
     if t is float:
         return b"\x21" + _pack_d(value)
     if t is bytes:
-        return b"\x3a" + _len(len(value)) + value
+        raw: bytes = value
+        return b"\x3a" + _len(len(raw)) + raw
     if t is tuple or t is list:
         body = b"".join(b"\x0a" + _len(len(v)) + v for v in map(_any_value, value))
         return b"\x2a" + _len(len(body)) + body
@@ -187,7 +189,7 @@ def _message(field: bytes, body: bytes) -> bytes:
 _encoded_heads: dict[int, tuple[object, bytes]] = {}  # id -> (resource or scope, encoded); small
 
 
-def _head(obj: Any, encode: Any) -> bytes:
+def _head(obj: Any, encode: Callable[[Any], bytes]) -> bytes:
     """Resource / scope messages are the same batch after batch: encode each object once."""
     hit = _encoded_heads.get(id(obj))
     if hit is not None and hit[0] is obj:
@@ -243,19 +245,20 @@ def _fast(spans: Sequence[Any], pause: Callable[[], object] | None) -> bytes:
             else:
                 known_scopes.append((scope, encoded))
     out = []
-    for resource, scopes in groups:
-        body = [_head(resource, _resource)]
-        for scope, encoded in scopes:
+    for group_resource, group_scopes in groups:
+        body = [_head(group_resource, _resource)]
+        for scope, encoded in group_scopes:
             ss = _head(scope, _scope) + b"".join([b"\x12" + _len(len(e)) + e for e in encoded])
             ss += _string(b"\x1a", scope.schema_url if scope else None)
             body.append(_message(b"\x12", ss))
-        body.append(_string(b"\x1a", resource.schema_url))
+        body.append(_string(b"\x1a", group_resource.schema_url))
         out.append(_message(b"\x0a", b"".join(body)))
     return b"".join(out)
 
 
 def library_encode(spans: Sequence[Any]) -> bytes:
-    return _library_encode_spans(spans).SerializePartialToString()
+    encoded: bytes = _library_encode_spans(spans).SerializePartialToString()
+    return encoded
 
 
 def encode_spans(spans: Sequence[Any], pause: Callable[[], object] | None = None) -> bytes:
@@ -278,7 +281,7 @@ def encode_spans(spans: Sequence[Any], pause: Callable[[], object] | None = None
 # piece it relies on is missing (another SDK version) it calls the library's export unchanged.
 
 
-def http_exporter(endpoint: str) -> Any:
+def http_exporter(endpoint: str) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
 
     try:
@@ -293,7 +296,7 @@ def http_exporter(endpoint: str) -> Any:
         return http.OTLPSpanExporter(endpoint=endpoint)
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    class HttpSpanExporter(http.OTLPSpanExporter):  # type: ignore[misc]
+    class HttpSpanExporter(http.OTLPSpanExporter):
         """OTLP/HTTP protobuf with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
 
         _fast = True
@@ -335,7 +338,7 @@ def http_exporter(endpoint: str) -> Any:
     return exporter
 
 
-def grpc_exporter(endpoint: str) -> Any:
+def grpc_exporter(endpoint: str) -> SpanExporter:
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
         OTLPSpanExporter as GrpcExporter,
     )
@@ -346,10 +349,11 @@ def grpc_exporter(endpoint: str) -> Any:
     if not callable(getattr(GrpcExporter, "_translate_data", None)):
         return GrpcExporter(endpoint=endpoint)
 
-    class GrpcSpanExporter(GrpcExporter):  # type: ignore[misc]
+    class GrpcSpanExporter(GrpcExporter):
         """OTLP/gRPC with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
 
         def _translate_data(self, data: Sequence[Any]) -> ExportTraceServiceRequest:
-            return ExportTraceServiceRequest.FromString(encode_spans(data, release_gil))
+            request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(encode_spans(data, release_gil))
+            return request
 
     return GrpcSpanExporter(endpoint=endpoint)

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
 __all__ = ["OutcomeSampling"]
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutcomeSampling:
     """Which finished requests keep their trace. `ratio` 1 keeps all and decides nothing."""

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.baggage import get_all as get_all_baggage
@@ -23,6 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
@@ -32,6 +34,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util import types
@@ -80,7 +83,7 @@ def build_tracer_provider(env: Mapping[str, str] | None = None) -> TracerProvide
     exporter = _exporter_from_env(env)
     if exporter is not None:
         # The batch processor drops spans when its queue is full instead of blocking: requests first.
-        limits = {
+        limits: dict[str, Any] = {
             arg: int(env[var])
             for var, arg in (
                 ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
@@ -201,7 +204,7 @@ class _Root(Span):
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        attributes: dict[str, object],
+        attributes: dict[str, types.AnyValue],
         start: int,
     ) -> None:
         self._tracer = tracer
@@ -331,7 +334,7 @@ class Telemetry:
             and (max_attrs is None or max_attrs >= _MAX_ROOT_ATTRIBUTES)
             and getattr(limits, "max_span_attribute_length", 0) is None
             and all(hasattr(tracer, a) for a in ("resource", "instrumentation_info", "_instrumentation_scope"))
-            and hasattr(tracer.id_generator, "is_trace_id_random")
+            and hasattr(getattr(tracer, "id_generator", None), "is_trace_id_random")
             and hasattr(TraceFlags, "random_trace_id")
         )
         self._processors_seen: object = None
@@ -357,7 +360,7 @@ class Telemetry:
             name = method
         else:
             name = f"{info.operation} {info.model}" if info.model else info.operation
-        attributes: dict[str, object] = {
+        attributes: dict[str, types.AnyValue] = {
             "http.request.method": method,
             "url.path": path,
             "url.full": self.upstream_base + path + ("?" + _redacted_query(query) if query else ""),
@@ -395,7 +398,7 @@ class Telemetry:
             self._follows = _children_follow_root(sampler)
         return self._follows
 
-    def _direct_root(self, name: str, context: Context, attributes: dict[str, object], start: int) -> Span:
+    def _direct_root(self, name: str, context: Context, attributes: dict[str, types.AnyValue], start: int) -> Span:
         """Tracer.start_span's steps, in its order (ids, sampler), without a live SDK span.
 
         Only for the built-in samplers (whose result carries exactly the attributes given) and
@@ -417,11 +420,11 @@ class Telemetry:
             trace_id = parent.trace_id
             random_trace_id = parent.trace_flags.random_trace_id
         result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.CLIENT, attributes, ())
-        flags = _SAMPLED if result.decision.is_sampled() else _NOT_SAMPLED
+        flags = _SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else _NOT_SAMPLED
         if random_trace_id:
             flags = TraceFlags(flags | _RANDOM_TRACE_ID)
         span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
-        if not result.decision.is_recording():
+        if result.decision is Decision.DROP:
             return NonRecordingSpan(span_context)
         return _Root(tracer, name, span_context, parent, attributes, start)
 
@@ -484,7 +487,10 @@ class Telemetry:
             span.end(end_time=self._ns(t.end))
             return
         u = rec.usage
-        attrs: dict[str, object] = {"http.response.status_code": rec.status_code, "taotrace.duration": t.duration}
+        attrs: dict[str, types.AnyValue] = {
+            "http.response.status_code": rec.status_code,
+            "taotrace.duration": t.duration,
+        }
         for key, value in (
             ("gen_ai.response.model", rec.response_model),
             ("gen_ai.response.id", rec.response_id),
@@ -524,7 +530,7 @@ class Telemetry:
         if type(span) is _Root:
             span._attributes.update(attrs)
         else:
-            span.set_attributes(attrs)  # type: ignore[arg-type]
+            span.set_attributes(attrs)
         phases = self._phases(rec)
         if self._direct:
             self._direct_children(span, phases)
@@ -534,11 +540,11 @@ class Telemetry:
                 self._child(ctx, *phase)
         span.end(end_time=self._ns(t.end))
 
-    def _phases(self, rec: RequestRecord) -> list[tuple[str, int, int, dict[str, object], Status | None]]:
+    def _phases(self, rec: RequestRecord) -> list[tuple[str, int, int, dict[str, types.AnyValue], Status | None]]:
         """(name, start ns, end ns, attributes, error status) of each phase child."""
         t = rec.timing
         ns = self._ns
-        net_attrs: dict[str, object] = {}
+        net_attrs: dict[str, types.AnyValue] = {}
         if t.connection_reused is not None:
             net_attrs["taotrace.connection.reused"] = t.connection_reused
         if t.pool_wait is not None:
@@ -558,18 +564,18 @@ class Telemetry:
         return phases
 
     def _child(
-        self, ctx: Context, name: str, start: int, end: int, attrs: dict[str, object], status: Status | None
+        self, ctx: Context, name: str, start: int, end: int, attrs: dict[str, types.AnyValue], status: Status | None
     ) -> None:
         """A phase child through the SDK's general path."""
         child = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL, start_time=start)
         if attrs:
-            child.set_attributes(attrs)  # type: ignore[arg-type]
+            child.set_attributes(attrs)
         if status is not None:
             child.set_status(status)
         child.end(end_time=end)
 
     def _direct_children(
-        self, root: Span, phases: list[tuple[str, int, int, dict[str, object], Status | None]]
+        self, root: Span, phases: list[tuple[str, int, int, dict[str, types.AnyValue], Status | None]]
     ) -> None:
         """The phase children as finished spans, exactly as Tracer.start_span + end would make them."""
         tracer: SdkTracer = self.tracer  # type: ignore[assignment]
@@ -588,14 +594,14 @@ class Telemetry:
         info = tracer.instrumentation_info
         # A sampled child of a local parent: SAMPLED, plus the parent's random-trace-id flag.
         flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))
-        trace_state = parent.trace_state
+        trace_state: TraceState | None = parent.trace_state
         for name, start, end, attrs, status in phases:
             if not follows:  # ask the sampler, as Tracer.start_span would
                 result = sampler.should_sample(ctx, trace_id, name, SpanKind.INTERNAL, None, ())
                 if result.attributes:  # a custom sampler's attributes: let the SDK merge and bound them
                     self._child(ctx, name, start, end, attrs, status)
                     continue
-                if not result.decision.is_sampled():
+                if result.decision is not Decision.RECORD_AND_SAMPLE:
                     new_span_id()  # the SDK gives an unsampled span an id too
                     continue  # dropped, or recorded only: end-only processors export neither
                 trace_state = result.trace_state
@@ -610,6 +616,6 @@ class Telemetry:
                 start_time=start,
                 end_time=end,
                 instrumentation_scope=scope,
-                **({} if status is None else {"status": status}),
+                status=_UNSET if status is None else status,
             )
             on_end(span)

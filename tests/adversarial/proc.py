@@ -77,7 +77,8 @@ class ProxyProcess:
         return self.stderr_path.read_bytes().decode("utf-8", "replace")
 
     def report(self) -> dict[str, Any]:
-        return json.loads(self.report_path.read_text())
+        report: dict[str, Any] = json.loads(self.report_path.read_text())
+        return report
 
     def close(self) -> None:
         if self.proc.poll() is None:

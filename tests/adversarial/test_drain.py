@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -43,7 +44,7 @@ async def _refused_after(url: str, since: float) -> float:
         await asyncio.sleep(0.01)
 
 
-async def _drain(short: int, long: int, drain: float) -> dict:
+async def _drain(short: int, long: int, drain: float) -> dict[str, Any]:
     async def route(request):
         gap = 0.05 if request.path.startswith("/short/") else 2.0
         return await stream_handler(FRAMES, gap=gap)(request)  # short: ~1.1 s; long: ~44 s

@@ -14,12 +14,12 @@ from proxy.sse import SSEDecoder, SSEEvent
 # --- SSE ------------------------------------------------------------------------------------
 
 _EOL = st.sampled_from([b"\n", b"\r\n", b"\r"])
-_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=30)
+_text = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=["Cs"]), max_size=30)
 _field = st.sampled_from([b"data", b"event", b"id", b"retry", b"x-unknown", b""])
 
 
 @st.composite
-def _line(draw) -> bytes:
+def _line(draw: st.DrawFn) -> bytes:
     kind = draw(st.sampled_from(["field", "comment", "bare"]))
     value = draw(_text).encode()
     if kind == "comment":
@@ -31,7 +31,7 @@ def _line(draw) -> bytes:
 
 
 @st.composite
-def streams(draw) -> bytes:
+def streams(draw: st.DrawFn) -> bytes:
     """Valid event streams: lines with mixed line endings, blank lines between events, maybe a BOM."""
     out = [b"\xef\xbb\xbf"] if draw(st.booleans()) else []
     for _ in range(draw(st.integers(0, 12))):
@@ -47,7 +47,9 @@ def reference(stream: bytes) -> list[SSEEvent]:
         stream = stream[3:]
     lines = stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     lines.pop()  # an unfinished last line is never processed
-    events, data, event, last_id = [], [], "", None
+    events: list[SSEEvent] = []
+    data: list[bytes] = []
+    event, last_id = "", None
     for line in lines:
         if not line:
             if data:
@@ -181,6 +183,7 @@ from proxy.dialects import (
     API_COMPLETIONS,
     API_MESSAGES,
     API_RESPONSES,
+    Usage,
     inspect_request,
     read_body,
     reader_for,
@@ -212,10 +215,11 @@ _APIS = [API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES]
 
 @settings(max_examples=600, deadline=None)
 @given(api=st.sampled_from(_APIS), events=st.lists(st.tuples(_kinds, st.one_of(_json, _objects)), max_size=6))
-def test_dialect_readers_never_raise_on_any_json(api: str, events: list) -> None:
+def test_dialect_readers_never_raise_on_any_json(api: str, events: list[tuple[str, object]]) -> None:
     import orjson
 
     reader = reader_for(api, capture_content=True)
+    assert reader is not None
     for kind, obj in events:
         try:
             data = orjson.dumps(obj)
@@ -229,7 +233,7 @@ def test_dialect_readers_never_raise_on_any_json(api: str, events: list) -> None
     assert reader.usage is None or all(v is None or (isinstance(v, int) and v >= 0) for v in vars_of(reader.usage))
 
 
-def vars_of(usage) -> list:
+def vars_of(usage: Usage) -> list[int | None]:
     return [usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, usage.reasoning_tokens]
 
 

@@ -70,6 +70,7 @@ def scenario_upstream() -> web.Application:
                 status=500, text=f"internal: query was key={CANARIES['query']} prompt {CANARIES['prompt']}"
             )
         if kind == "garbage":
+            assert request.transport is not None
             request.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nxy")
             await asyncio.sleep(0.1)
             if request.transport is not None:
@@ -104,6 +105,7 @@ def scenario_upstream() -> web.Application:
             await resp.write(frame)
             await asyncio.sleep(0.005)
             if kind == "cut":
+                assert request.transport is not None
                 request.transport.abort()
                 return resp
             if kind in ("stall", "abort"):

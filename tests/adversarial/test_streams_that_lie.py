@@ -89,9 +89,11 @@ async def test_wrong_content_type_and_compressed_bodies_are_not_parsed(proxy, cl
 
 async def test_invalid_upstream_http_is_a_502(proxy, client: aiohttp.ClientSession) -> None:
     async def garbage(request: web.Request) -> web.StreamResponse:
-        request.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!")
+        transport = request.transport
+        assert transport is not None
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!")
         await asyncio.sleep(0.2)
-        request.transport.close()
+        transport.close()
         return web.Response()
 
     proxy.serve(garbage)
