@@ -94,7 +94,7 @@ async def _read(session: aiohttp.ClientSession, url: str, body: dict[str, object
 async def slow_upstream() -> AsyncIterator[FakeUpstream]:
     """`/long/...` streams for ~40 s, anything else for ~0.5 s."""
 
-    async def route(request):  # type: ignore[no-untyped-def]
+    async def route(request):
         gap = 2.0 if request.path.startswith("/long/") else 0.02
         return await stream_handler(chat_stream(20), gap=gap)(request)
 

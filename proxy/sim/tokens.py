@@ -68,7 +68,7 @@ def load_tokenizer(kind: str = "auto", encoding: str = "o200k_base") -> Tokenize
     if kind == "estimate":
         return EstimateTokenizer()
     try:
-        import tiktoken  # type: ignore[import-not-found]
+        import tiktoken  # type: ignore[import-not-found, unused-ignore]  # optional: typed when installed (the [test] extra brings it), absent otherwise
 
         return _Tiktoken(tiktoken.get_encoding(encoding))
     except Exception:  # not installed, or its vocabulary can't be fetched offline
