@@ -122,7 +122,7 @@ async def _post(
     session: aiohttp.ClientSession, url: str, key: str, user: str, path: str = "/v1/chat/completions"
 ) -> None:
     headers = {"Authorization": f"Bearer {key}", "x-session-id": f"s-{user}"}
-    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "user": user}
+    body: dict[str, object] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "user": user}
     if path.endswith("/messages"):
         body = {"model": "claude", "messages": body["messages"], "metadata": {"user_id": user}}
         headers = {"x-api-key": key, "x-session-id": f"s-{user}"}

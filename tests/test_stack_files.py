@@ -224,7 +224,7 @@ def test_datasources_link_exemplars_to_jaeger() -> None:
 def test_datasource_urls_name_compose_services() -> None:
     services = load_yaml(ROOT / "docker-compose.yml")["services"]
     for source in datasources().values():
-        host = re.match(r"https?://([^:/]+)", source["url"]).group(1)  # type: ignore[union-attr]
+        host = re.match(r"https?://([^:/]+)", source["url"]).group(1)
         assert host in services, f"{source['name']} points at {host}, which compose does not run"
 
 
