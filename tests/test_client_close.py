@@ -376,4 +376,4 @@ async def test_drain_deadline_after_the_terminal_event_is_not_shutdown(
     received = await asyncio.wait_for(reading, 5)
     assert received.endswith(b"data: [DONE]\n\n") is terminal_sent
     rec = await record(p, 1)
-    assert rec.error_type == ("" if terminal_sent else "shutdown")  # type: ignore[attr-defined]
+    assert rec.error_type == ("" if terminal_sent else "shutdown")
