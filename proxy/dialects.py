@@ -12,6 +12,7 @@ never to an error.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -26,6 +27,7 @@ __all__ = [
     "API_MESSAGES",
     "API_OTHER",
     "API_RESPONSES",
+    "EMBEDDINGS_FULL_PARSE",
     "RequestInfo",
     "StreamReader",
     "Usage",
@@ -548,9 +550,38 @@ def reader_for(api: str, capture_content: bool = False) -> StreamReader | None:
     return cls(capture_content) if cls is not None else None
 
 
+EMBEDDINGS_FULL_PARSE = 64 << 10  # larger embeddings bodies: only their ends are read
+_EDGE = 8 << 10
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
+
+
+def _flat_object_after(buf: bytes, key: bytes) -> dict[str, Any] | None:
+    """The flat JSON object that follows the last `key` in `buf` (e.g. `"usage": {...}`)."""
+    i = buf.rfind(key)
+    start = buf.find(b"{", i + len(key)) if i >= 0 else -1
+    end = buf.find(b"}", start) if start >= 0 else -1
+    obj = _loads(bytes(buf[start : end + 1])) if end > start else None
+    return obj if isinstance(obj, dict) else None
+
+
+def _embeddings_ends(reader: StreamReader, body: bytes) -> StreamReader:
+    """Usage and model of a large embeddings body from its last and first 8 KiB (both orders seen:
+    OpenAI writes them after `data`, some servers before it). Parsing megabytes of vectors would
+    hold the event loop for milliseconds; anything not found is left unknown."""
+    for edge in (body[-_EDGE:], body[:_EDGE]):
+        if reader.usage is None:
+            reader.usage = _openai_usage(_flat_object_after(edge, b'"usage"'))
+        if reader.response_model is None:
+            found = _MODEL_FIELD.search(edge)
+            reader.response_model = _model(found.group(1).decode("utf-8", "replace")) if found else None
+    return reader
+
+
 def read_body(api: str, body: bytes, capture_content: bool = False) -> StreamReader | None:
     """Read a whole non-streaming JSON response with the same rules as a stream's events."""
     reader = reader_for(api, capture_content)
+    if reader is not None and api == API_EMBEDDINGS and len(body) > EMBEDDINGS_FULL_PARSE:
+        return _embeddings_ends(reader, body)
     obj = _loads(body) if reader is not None else None
     if reader is None or not isinstance(obj, dict):
         return reader

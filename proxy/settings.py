@@ -158,7 +158,10 @@ class Settings(BaseSettings):
         20, ge=1, le=1000, description="distinct values kept per metric label before the rest become 'other'"
     )
     prices: str | None = Field(
-        None, description="price table (TOML or YAML, per million tokens) for taotrace.cost and taotrace_cost_total"
+        None,
+        min_length=1,
+        max_length=4096,
+        description="price table (TOML or YAML, per million tokens) for taotrace.cost and taotrace_cost_total",
     )
 
     _split_allowlist = field_validator("model_allowlist", "attribute_header", "metric_label", mode="before")(split_csv)

@@ -24,6 +24,7 @@ _OPENAI = "x-ratelimit-"
 _ANTHROPIC = "anthropic-ratelimit-"
 _FIELDS = ("limit", "remaining", "reset")
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
+_GO_FULL = re.compile(r"(?:\d+(?:\.\d+)?(?:h|ms|us|µs|ns|m|s))+")
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 MAX_SECONDS = 366 * 86400.0  # beyond a year: not a rate-limit window
 
@@ -74,13 +75,14 @@ def parse_reset(value: str, now: float) -> float | None:
     value = value.strip()
     if not value or len(value) > 64:
         return None
-    try:
-        return _seconds(float(value))
-    except ValueError:
-        pass
-    parts = _GO_DURATION.findall(value)
-    if parts and "".join(n + u for n, u in parts) == value:
-        return _seconds(sum(float(n) * _UNIT[u] for n, u in parts))
+    last = value[-1]
+    if last.isdigit():  # plain seconds, or a date ending in a digit
+        try:
+            return _seconds(float(value))
+        except ValueError:
+            pass
+    elif last in "smh" and value[0].isdigit() and _GO_FULL.fullmatch(value):  # the common case: OpenAI's
+        return _seconds(sum(float(n) * _UNIT[u] for n, u in _GO_DURATION.findall(value)))
     when: datetime | None = None
     try:
         when = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
