@@ -146,3 +146,17 @@ async def test_spans_and_gauges_from_a_stream_and_a_429(
         if line.startswith('taotrace_ratelimit_reset_timestamp_seconds{kind="requests"')
     )
     assert abs(float(reset.rsplit(" ", 1)[1]) - (p.records[-1].rate_limits.observed_at + 60)) < 1e-3
+
+
+async def test_a_response_without_a_model_sets_no_gauge(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy() as p:
+        p.serve(json_handler({"object": "list", "data": []}, headers=LIMIT_HEADERS))
+        async with client.get(p.url + "/v1/models") as r:
+            assert r.status == 200
+        async with aiohttp.ClientSession() as s, s.get(p.metrics_url + "/metrics") as resp:
+            text = await resp.text()
+    assert "taotrace_ratelimit_remaining{" not in text  # the span still has the headers
+    (root,) = (s for s in p.spans() if s.kind.name == "CLIENT")
+    assert root.attributes["taotrace.ratelimit.requests.remaining"] == 7

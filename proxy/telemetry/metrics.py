@@ -290,7 +290,7 @@ class Metrics:
             c.tok_cached.inc(u.cached_input_tokens)
         if u.reasoning_tokens:
             c.tok_reasoning.inc(u.reasoning_tokens)
-        if rec.rate_limits is not None:
+        if rec.rate_limits is not None and rec.model is not None:  # limits are per model: no model, no gauge
             self._rate_limits(rec, model)
         cost = rec.cost
         if cost is not None:
