@@ -435,6 +435,9 @@ def test_collector_tail_sampling_keeps_errors_and_slow_first_tokens() -> None:
     assert "> 2.5" in conditions and 'le="2.5"' in (PROM / "rules" / "taotrace-recording.yml").read_text()
     exporter = config["exporters"]["otlp/jaeger"]
     assert exporter["endpoint"].split(":")[0] in load_yaml(ROOT / "docker-compose.yml")["services"]
+    # A fresh exemplar's trace reaches Jaeger after decision_wait (plus export and batch delays,
+    # which the README adds up): keep it short.
+    assert config["processors"]["tail_sampling"]["decision_wait"] == "5s"
 
 
 def test_k8s_collector_config_is_the_same_file() -> None:
@@ -457,17 +460,37 @@ def compose_binary() -> str:
     return str(binary)
 
 
-@pytest.mark.parametrize("profile", [None, "demo"])
-def test_compose_config_is_valid(profile: str | None) -> None:
+def compose_config(profile: str | None, **env: str) -> subprocess.CompletedProcess[str]:
+    """`docker compose config` as Compose itself resolves the file (interpolation, profiles)."""
     cmd = [compose_binary(), "-f", str(ROOT / "docker-compose.yml")]
     if profile:
         cmd += ["--profile", profile]
-    result = run([*cmd, "config", "--format", "json"], cwd=ROOT)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("GF_", "COMPOSE_", "TAOTRACE_"))}
+    return run([*cmd, "config", "--format", "json"], cwd=ROOT, env={**environ, **env})
+
+
+@pytest.mark.parametrize("profile", [None, "demo"])
+def test_compose_config_is_valid(profile: str | None) -> None:
+    result = compose_config(profile, GF_SECURITY_ADMIN_PASSWORD="s3cret-for-the-test")
     assert result.returncode == 0, result.stderr
     services = json.loads(result.stdout)["services"]
     core = {"taotrace", "otel-collector", "jaeger", "prometheus", "alertmanager", "grafana"}
     demo = {"sim", "taotrace-demo", "loadgen"}
     assert set(services) == (core | demo if profile else core)
+    # Published on loopback only: the proxy forwards keys and the UIs let anyone view.
+    published = [(name, p) for name, s in services.items() for p in s.get("ports", [])]
+    assert published and all(p.get("host_ip") == "127.0.0.1" for _, p in published), published
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret-for-the-test"
+    if profile:
+        # loadgen runs the proxy's image, whose HEALTHCHECK asks a /healthz it does not serve.
+        assert services["loadgen"]["healthcheck"]["disable"] is True
+        assert "healthcheck" not in services["sim"] or not services["sim"]["healthcheck"].get("disable")
+
+
+def test_compose_needs_a_grafana_admin_password() -> None:
+    # No admin/admin: without the variable Compose refuses to start, naming it.
+    result = compose_config(None)
+    assert result.returncode != 0 and "GF_SECURITY_ADMIN_PASSWORD" in result.stderr
 
 
 def test_compose_mounts_and_builds_exist() -> None:
@@ -494,7 +517,9 @@ def test_compose_wires_the_stack_together() -> None:
     assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
     assert services["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
     assert services["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
-    assert {"16686:16686"} <= set(services["jaeger"]["ports"])
+    assert {"127.0.0.1:16686:16686"} <= set(services["jaeger"]["ports"])
+    # Prometheus' lifecycle API (reload, quit over HTTP) stays off: nothing here needs it.
+    assert not any("web.enable-lifecycle" in arg for arg in services["prometheus"]["command"])
     assert set(services["jaeger"]["expose"]) >= {"4317", "4318"}
     for name in ("sim", "taotrace-demo", "loadgen"):
         assert services[name]["profiles"] == ["demo"]
@@ -747,6 +772,19 @@ def test_k8s_deployment_drains_and_probes() -> None:
     hpa = objects[("HorizontalPodAutoscaler", "taotrace")]
     assert hpa["spec"]["minReplicas"] >= 2
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "taotrace"}
+
+
+def test_k8s_image_is_one_kustomize_setting() -> None:
+    # The image the README says to build and push is named in one place: kustomization.yaml's
+    # `images:` entry rewrites the Deployment's `image: taotrace`.
+    kustomization = load_yaml(K8S / "kustomization.yaml")
+    (entry,) = kustomization["images"]
+    deployment = load_yaml(K8S / "deployment.yaml")
+    images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert images == {entry["name"]} == {"taotrace"}
+    assert entry["newName"] and entry["newTag"]
+    readme = (ROOT / "README.md").read_text()
+    assert "docker build -f deploy/Dockerfile" in readme and "kustomize edit set image taotrace=" in readme
 
 
 def test_k8s_validation_catches_a_broken_manifest() -> None:
