@@ -11,8 +11,8 @@ from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
-from proxy.telemetry import bulk_record
-from proxy.telemetry.bulk_record import BulkRecorder
+from proxy.telemetry import sdk_internals
+from proxy.telemetry.sdk_internals import BulkRecorder
 
 BOUNDS = [0.001, 0.01, 0.1, 1.0, 10.0]
 
@@ -55,7 +55,7 @@ def test_same_points_as_one_record_per_value(temporality: AggregationTemporality
             record_many(bulk, values, attrs)
         assert points(bulk_reader) == points(one_reader)
     # the direct path is taken exactly when the SDK would offer no exemplars
-    assert (bulk_record._matches(bulk) is not None) == isinstance(exemplars, AlwaysOffExemplarFilter)
+    assert (sdk_internals._matches(bulk) is not None) == isinstance(exemplars, AlwaysOffExemplarFilter)
 
 
 def test_values_the_sdk_refuses_are_refused_alike() -> None:

@@ -29,8 +29,8 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from proxy import __version__
-from proxy.telemetry.bulk_record import BulkRecorder
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
+from proxy.telemetry.sdk_internals import BulkRecorder
 from proxy.timing import RequestRecord
 
 __all__ = [

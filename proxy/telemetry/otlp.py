@@ -18,7 +18,6 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import (
     encode_spans as _library_encode_spans,
 )
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind
 
 __all__ = ["encode_spans", "library_encode"]
@@ -270,90 +269,3 @@ def encode_spans(spans: Sequence[Any], pause: Callable[[], object] | None = None
         return _fast(spans, pause)
     except Exception:  # noqa: BLE001 - anything unusual: the library's encoding (and its error handling)
         return library_encode(spans)
-
-
-# --- The production exporters, with this encoder ------------------------------------------------
-#
-# gRPC: OTLPSpanExporter._translate_data (the one hook the SDK's gRPC mixin has for this) returns
-# the request message parsed back from our bytes (upb parses ~0.4 us/span; the stub serialises it).
-# HTTP: OTLPSpanExporter.export calls the library encoder directly, so the subclass repeats its
-# body (1.45: shutdown check, export metrics, size limit, client.export) with our bytes; when any
-# piece it relies on is missing (another SDK version) it calls the library's export unchanged.
-
-
-def http_exporter(endpoint: str) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
-
-    try:
-        from opentelemetry.exporter.otlp.proto.http._common import (
-            RequestPayloadTooLargeError,
-            _is_request_too_large,
-        )
-        from opentelemetry.semconv.attributes.http_attributes import (
-            HTTP_RESPONSE_STATUS_CODE,
-        )
-    except ImportError:  # another exporter version: the library's own export
-        return http.OTLPSpanExporter(endpoint=endpoint)
-    from opentelemetry.sdk.trace.export import SpanExportResult
-
-    class HttpSpanExporter(http.OTLPSpanExporter):
-        """OTLP/HTTP protobuf with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
-
-        _fast = True
-
-        def export(self, spans: Sequence[Any]) -> Any:
-            if not self._fast or self._shutdown:
-                return super().export(spans)
-            with self._metrics.export_operation(len(spans)) as result:
-                try:
-                    serialized_data = encode_spans(spans, release_gil)  # falls back to the library encoder itself
-                except Exception as error:  # noqa: BLE001 - as the library's export: a failed batch, never a raise
-                    http._logger.error("Failed to encode span batch: %s", error)
-                    result.error = error
-                    return SpanExportResult.FAILURE
-                if _is_request_too_large(serialized_data, self._max_request_size):
-                    http._logger.warning(
-                        "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.",
-                        len(serialized_data),
-                        self._max_request_size,
-                    )
-                    result.error = RequestPayloadTooLargeError(
-                        f"Serialized span request size {len(serialized_data)} "
-                        f"bytes exceeds max_request_size {self._max_request_size} bytes."
-                    )
-                    return SpanExportResult.FAILURE
-                export_result = self._client.export(serialized_data)
-                if not export_result.success:
-                    result.error = export_result.error
-                    result.error_attrs = (
-                        {HTTP_RESPONSE_STATUS_CODE: export_result.status_code}
-                        if export_result.status_code is not None
-                        else None
-                    )
-                    return SpanExportResult.FAILURE
-            return SpanExportResult.SUCCESS
-
-    exporter = HttpSpanExporter(endpoint=endpoint)
-    exporter._fast = all(hasattr(exporter, a) for a in ("_shutdown", "_metrics", "_client", "_max_request_size"))
-    return exporter
-
-
-def grpc_exporter(endpoint: str) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-        OTLPSpanExporter as GrpcExporter,
-    )
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    if not callable(getattr(GrpcExporter, "_translate_data", None)):
-        return GrpcExporter(endpoint=endpoint)
-
-    class GrpcSpanExporter(GrpcExporter):
-        """OTLP/gRPC with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
-
-        def _translate_data(self, data: Sequence[Any]) -> ExportTraceServiceRequest:
-            request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(encode_spans(data, release_gil))
-            return request
-
-    return GrpcSpanExporter(endpoint=endpoint)

@@ -16,32 +16,24 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.baggage import get_all as get_all_baggage
-from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract, get_global_textmap, inject
-from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
-    NonRecordingSpan,
     Span,
-    SpanContext,
     SpanKind,
     Status,
     StatusCode,
-    TraceFlags,
-    TraceState,
 )
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util import types
 
 from proxy import __version__
 from proxy.dialects import RequestInfo
-from proxy.telemetry import otlp
+from proxy.telemetry import sdk_internals
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.timing import RequestRecord, RequestTiming
 
@@ -68,9 +60,9 @@ def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
     # compression and certificates are read by the exporter from the process environment.
     # The library's exporters, encoding with proxy.telemetry.otlp (the same bytes, ~5x less CPU per span).
     if protocol == "grpc":
-        return otlp.grpc_exporter(traces_endpoint or endpoint or "")
+        return sdk_internals.grpc_exporter(traces_endpoint or endpoint or "")
     # Per the spec, the generic endpoint gets the signal path appended; the traces one is used as is.
-    return otlp.http_exporter(traces_endpoint or f"{(endpoint or '').rstrip('/')}/v1/traces")
+    return sdk_internals.http_exporter(traces_endpoint or f"{(endpoint or '').rstrip('/')}/v1/traces")
 
 
 def build_tracer_provider(env: Mapping[str, str] | None = None) -> TracerProvider:
@@ -117,185 +109,14 @@ def _redacted_query(query: str) -> str:
     return "&".join(f"{name}=REDACTED" for name in names)
 
 
-# The fast paths below are taken only where they produce exactly what the SDK's general path
-# would; anything they do not recognise (another propagator, a processor with an on_start hook,
-# the SDK's own span metrics, tiny attribute limits) gets the general path.
-_EMPTY_CONTEXT = Context()  # what extract() returns for a carrier without W3C headers
-_W3C_PROPAGATORS = {TraceContextTextMapPropagator, W3CBaggagePropagator}
-# Processors whose on_start/_on_ending do nothing: they only need on_end, which takes a ReadableSpan.
-_NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpanProcessor.on_start}
-_NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
-_RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
-_MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
-# The root has at most 75: 42 of its own (20 at start with 9 request parameters, 22 at the end)
-# and 33 from proxy/accounting: at most 16 header attributes + user.id + taotrace.key.id,
-# 13 rate-limit values, taotrace.cost and its currency.
-_MAX_ROOT_ATTRIBUTES = 80
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
-
-
-def _is_w3c_textmap(propagator: object) -> bool:
-    """True for `tracecontext` or `tracecontext,baggage` (the default): headers we can read and write directly."""
-    if type(propagator) is CompositePropagator:
-        parts = getattr(propagator, "_propagators", None)
-    else:
-        parts = (propagator,)
-    if not parts:
-        return False
-    kinds = {type(p) for p in parts}
-    return TraceContextTextMapPropagator in kinds and kinds <= _W3C_PROPAGATORS
-
-
-def _end_only(processor: object) -> bool:
-    cls = type(processor)
-    return getattr(cls, "on_start", None) in _NOOP_ON_START and getattr(cls, "_on_ending", None) in _NOOP_ON_ENDING
-
-
-# Samplers that sample every child of a sampled local parent, with the parent's trace state and no
-# attributes of their own: ALWAYS_ON, the ParentBased ones with their default delegates, and
-# trace-id ratio (a child has its parent's trace id). What OTEL_TRACES_SAMPLER builds is among them.
-_FOLLOWING_SAMPLERS = (sampling.ALWAYS_ON, sampling.DEFAULT_ON, sampling.DEFAULT_OFF)
-_FOLLOWING_SAMPLER_TYPES = {
-    cls
-    for cls in (
-        sampling.TraceIdRatioBased,
-        sampling.ParentBasedTraceIdRatio,
-        *(getattr(sampling, name, None) for name in ("_AlwaysOn", "_ParentBasedAlwaysOn", "_ParentBasedAlwaysOff")),
-    )
-    if cls is not None
-}
-
-
-def _children_follow_root(sampler: object) -> bool:
-    return any(sampler is s for s in _FOLLOWING_SAMPLERS) or type(sampler) in _FOLLOWING_SAMPLER_TYPES
-
-
-def _sdk_internal_metrics_enabled() -> bool:
-    return os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
-
-
-class _Root(Span):
-    """The request's root span when Telemetry builds it directly (see Telemetry._direct_root).
-
-    Holds what Tracer.start_span's `_Span` would hold, as a plain dict of attributes (Telemetry
-    only sets valid values; lists become tuples as BoundedAttributes makes them), and on `end`
-    hands the processors the same `ReadableSpan` the SDK would. It lives on the event loop only,
-    so it needs no lock. Telemetry never adds events or links to the root: `add_event`,
-    `add_link` and `record_exception` are accepted and ignored.
-    """
-
-    __slots__ = (
-        "_tracer",
-        "_name",
-        "_context",
-        "_parent",
-        "_attributes",
-        "_start",
-        "_status",
-        "_ended",
-        "_resource",
-        "_scope",
-    )
-
-    def __init__(
-        self,
-        tracer: SdkTracer,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        attributes: dict[str, types.AnyValue],
-        start: int,
-    ) -> None:
-        self._tracer = tracer
-        self._name = name
-        self._context = context
-        self._parent = parent
-        self._attributes = attributes
-        self._start = start
-        self._status = _UNSET
-        self._ended = False
-        self._resource = tracer.resource  # what the SDK span takes at start
-        self._scope = tracer._instrumentation_scope
-
-    def get_span_context(self) -> SpanContext:
-        return self._context
-
-    def is_recording(self) -> bool:
-        return not self._ended
-
-    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
-        if self._ended:
-            return
-        mine = self._attributes
-        for key, value in attributes.items():
-            mine.pop(key, None)  # a key set again moves to the end, as in BoundedAttributes
-            mine[key] = tuple(value) if isinstance(value, list) else value
-
-    def set_attribute(self, key: str, value: types.AnyValue) -> None:
-        self.set_attributes({key: value})
-
-    def update_name(self, name: str) -> None:
-        if not self._ended:
-            self._name = name
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        # Tracer's _Span.set_status: OK is final, UNSET is ignored.
-        if self._ended or self._status.status_code is StatusCode.OK:
-            return
-        if isinstance(status, Status):
-            if status.status_code is not StatusCode.UNSET:
-                self._status = status
-        elif status is not StatusCode.UNSET:
-            self._status = Status(status, description)
-
-    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
-        pass  # never used by Telemetry (see the class docstring)
-
-    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
-        pass
-
-    def record_exception(
-        self,
-        exception: BaseException,
-        attributes: types.Attributes = None,
-        timestamp: int | None = None,
-        escaped: bool = False,
-    ) -> None:
-        pass
-
-    def end(self, end_time: int | None = None) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        tracer = self._tracer
-        tracer.span_processor.on_end(
-            ReadableSpan(
-                self._name,
-                context=self._context,
-                parent=self._parent,
-                resource=self._resource,
-                attributes=self._attributes,
-                kind=SpanKind.CLIENT,
-                instrumentation_info=tracer.instrumentation_info,
-                status=self._status,
-                start_time=self._start,
-                end_time=end_time if end_time is not None else time.time_ns(),
-                instrumentation_scope=self._scope,
-            )
-        )
-
-
-_UNSET = Status(StatusCode.UNSET)
-
-
 class Telemetry:
     """Starts and ends the spans of each request on a tracer from the given provider.
 
-    The root span is an ordinary SDK span. The three phase children are known only when the
-    request has ended, so (with the SDK's tracer and processors that act on end only, i.e. the
-    batch and simple processors) they are handed to the processors as finished `ReadableSpan`s,
-    skipping a live span, its lock and attribute validation for each.
+    With the SDK's tracer, its built-in samplers and processors that act on end only (the batch
+    and simple processors), the spans are built directly (`proxy.telemetry.sdk_internals`): the
+    root without a live SDK span, and the three phase children, known only when the request has
+    ended, as finished `ReadableSpan`s, skipping a live span, its lock and attribute validation
+    for each. Otherwise they go through the SDK's public `Tracer.start_span`.
     """
 
     def __init__(
@@ -319,24 +140,9 @@ class Telemetry:
         self._textmap: object = None  # the global propagator last classified
         self._w3c = False
         tracer = self.tracer
-        limits = getattr(tracer, "_span_limits", None)
-        max_attrs = getattr(limits, "max_span_attributes", 0)
-        self._direct_ok = (
-            isinstance(tracer, SdkTracer)
-            and all(hasattr(tracer, a) for a in ("sampler", "id_generator", "span_processor"))
-            and (max_attrs is None or max_attrs >= _MAX_CHILD_ATTRIBUTES)
-            and not _sdk_internal_metrics_enabled()  # the SDK would count each child span
-        )
-        # The root too, when its attributes need no bounding (no count or length limit can bite)
-        # and the SDK pieces it copies are where this version keeps them.
-        self._root_ok = (
-            self._direct_ok
-            and (max_attrs is None or max_attrs >= _MAX_ROOT_ATTRIBUTES)
-            and getattr(limits, "max_span_attribute_length", 0) is None
-            and all(hasattr(tracer, a) for a in ("resource", "instrumentation_info", "_instrumentation_scope"))
-            and hasattr(getattr(tracer, "id_generator", None), "is_trace_id_random")
-            and hasattr(TraceFlags, "random_trace_id")
-        )
+        # Which spans may be built directly (see proxy.telemetry.sdk_internals): only on the SDK's tracer.
+        self._sdk: SdkTracer | None = tracer if isinstance(tracer, SdkTracer) else None
+        self._direct_ok, self._root_ok = sdk_internals.fast_paths(tracer)
         self._processors_seen: object = None
         self._sampler_seen: object = None
         self._follows = False  # the tracer's sampler samples the children of a sampled root
@@ -348,7 +154,7 @@ class Telemetry:
     def _w3c_textmap(self) -> bool:
         textmap = get_global_textmap()
         if textmap is not self._textmap:  # set_global_textmap() may replace it at any time
-            self._w3c = _is_w3c_textmap(textmap)
+            self._w3c = sdk_internals.is_w3c_textmap(textmap)
             self._textmap = textmap
         return self._w3c
 
@@ -380,53 +186,24 @@ class Telemetry:
             attributes["gen_ai.input.messages"] = info.content[:65536]
         # Most clients send no trace headers; the W3C propagators would then return an empty context.
         if self._w3c_textmap() and carrier.get("traceparent") is None and carrier.get("baggage") is None:
-            context = _EMPTY_CONTEXT
+            context = sdk_internals.EMPTY_CONTEXT
         else:
             context = extract(carrier)
-        if self._root_ok:
+        sdk = self._sdk
+        if self._root_ok and sdk is not None:
             self._processors()
-            if self._direct and self._sampler_follows():
-                return self._direct_root(name, context, attributes, self._ns(t0))
+            if self._direct and self._sampler_follows(sdk):
+                return sdk_internals.direct_root(sdk, name, context, attributes, self._ns(t0))
         return self.tracer.start_span(
             name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=self._ns(t0)
         )
 
-    def _sampler_follows(self) -> bool:
-        sampler = self.tracer.sampler  # type: ignore[attr-defined]
+    def _sampler_follows(self, tracer: SdkTracer) -> bool:
+        sampler = tracer.sampler
         if sampler is not self._sampler_seen:
             self._sampler_seen = sampler
-            self._follows = _children_follow_root(sampler)
+            self._follows = sdk_internals.children_follow_root(sampler)
         return self._follows
-
-    def _direct_root(self, name: str, context: Context, attributes: dict[str, types.AnyValue], start: int) -> Span:
-        """Tracer.start_span's steps, in its order (ids, sampler), without a live SDK span.
-
-        Only for the built-in samplers (whose result carries exactly the attributes given) and
-        end-only processors (nothing to call at start).
-        """
-        tracer: SdkTracer = self.tracer  # type: ignore[assignment]
-        enabled = getattr(tracer, "_is_enabled", None)  # a tracer configurator may disable it
-        if enabled is not None and not enabled():
-            return tracer.start_span(
-                name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=start
-            )
-        ids = tracer.id_generator
-        parent: SpanContext | None = trace.get_current_span(context).get_span_context()
-        if parent is None or not parent.is_valid:
-            parent = None
-            trace_id = ids.generate_trace_id()
-            random_trace_id = ids.is_trace_id_random()
-        else:
-            trace_id = parent.trace_id
-            random_trace_id = parent.trace_flags.random_trace_id
-        result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.CLIENT, attributes, ())
-        flags = _SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else _NOT_SAMPLED
-        if random_trace_id:
-            flags = TraceFlags(flags | _RANDOM_TRACE_ID)
-        span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
-        if result.decision is Decision.DROP:
-            return NonRecordingSpan(span_context)
-        return _Root(tracer, name, span_context, parent, attributes, start)
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
         """Put our span's context in the upstream headers, replacing the client's `traceparent`."""
@@ -452,11 +229,13 @@ class Telemetry:
 
     def _processors(self) -> tuple[object, ...] | None:
         """The provider's processors, or None when they cannot be inspected."""
-        processors = getattr(getattr(self.tracer, "span_processor", None), "_span_processors", None)
+        processors = sdk_internals.span_processors(self.tracer)
         if processors is not self._processors_seen:  # add_span_processor() replaces the tuple
             self._processors_seen = processors
-            self._direct = self._direct_ok and processors is not None and all(_end_only(p) for p in processors)
-        return processors if isinstance(processors, tuple) else None
+            self._direct = (
+                self._direct_ok and processors is not None and all(sdk_internals.end_only(p) for p in processors)
+            )
+        return processors
 
     def decide(self, span: Span, error_type: str, timing: RequestTiming) -> str:
         """Outcome sampling of a finished request: "" (no decision: the trace stays as it began),
@@ -467,7 +246,7 @@ class Telemetry:
         ctx = span.get_span_context()
         if not ctx.trace_flags.sampled:
             return ""
-        parent = span._parent if type(span) is _Root else getattr(span, "parent", None)
+        parent = getattr(span, "parent", None)  # the SDK's span and a directly built root both have it
         parent_sampled = parent is not None and parent.is_remote and parent.trace_flags.sampled
         return policy.reason(ctx.trace_id, parent_sampled, error_type, timing.ttft, timing.duration) or "dropped"
 
@@ -480,8 +259,8 @@ class Telemetry:
         if rec.sampling == "dropped":
             # Nothing is handed to the processors: the root is never ended (the end-only batch and
             # simple processors then never see it) and the phase children are never made.
-            if type(span) is _Root:
-                span._ended = True
+            if type(span) is sdk_internals.Root:
+                span.drop()
             return
         if self._processors() == () and self._direct:  # no exporter configured: nothing can leave
             span.end(end_time=self._ns(t.end))
@@ -527,20 +306,22 @@ class Telemetry:
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             span.set_status(Status(StatusCode.ERROR, rec.error_type))
-        if type(span) is _Root:
-            span._attributes.update(attrs)
+        if type(span) is sdk_internals.Root:
+            span.attributes.update(attrs)
         else:
             span.set_attributes(attrs)
         phases = self._phases(rec)
-        if self._direct:
-            self._direct_children(span, phases)
+        sdk = self._sdk
+        if self._direct and sdk is not None:
+            follows = self._sampler_follows(sdk) and span.get_span_context().trace_flags.sampled
+            sdk_internals.direct_children(sdk, span, phases, follows, lambda ctx, phase: self._child(ctx, *phase))
         else:
             ctx = trace.set_span_in_context(span)
             for phase in phases:
                 self._child(ctx, *phase)
         span.end(end_time=self._ns(t.end))
 
-    def _phases(self, rec: RequestRecord) -> list[tuple[str, int, int, dict[str, types.AnyValue], Status | None]]:
+    def _phases(self, rec: RequestRecord) -> list[sdk_internals.Phase]:
         """(name, start ns, end ns, attributes, error status) of each phase child."""
         t = rec.timing
         ns = self._ns
@@ -573,49 +354,3 @@ class Telemetry:
         if status is not None:
             child.set_status(status)
         child.end(end_time=end)
-
-    def _direct_children(
-        self, root: Span, phases: list[tuple[str, int, int, dict[str, types.AnyValue], Status | None]]
-    ) -> None:
-        """The phase children as finished spans, exactly as Tracer.start_span + end would make them."""
-        tracer: SdkTracer = self.tracer  # type: ignore[assignment]
-        parent = root.get_span_context()
-        trace_id = parent.trace_id
-        sampler = tracer.sampler
-        follows = self._sampler_follows() and parent.trace_flags.sampled
-        ctx = trace.set_span_in_context(root) if not follows else _EMPTY_CONTEXT
-        new_span_id = tracer.id_generator.generate_span_id
-        on_end = tracer.span_processor.on_end
-        if type(root) is _Root:
-            resource, scope = root._resource, root._scope
-        else:
-            resource = root.resource  # type: ignore[attr-defined]
-            scope = root.instrumentation_scope  # type: ignore[attr-defined]
-        info = tracer.instrumentation_info
-        # A sampled child of a local parent: SAMPLED, plus the parent's random-trace-id flag.
-        flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))
-        trace_state: TraceState | None = parent.trace_state
-        for name, start, end, attrs, status in phases:
-            if not follows:  # ask the sampler, as Tracer.start_span would
-                result = sampler.should_sample(ctx, trace_id, name, SpanKind.INTERNAL, None, ())
-                if result.attributes:  # a custom sampler's attributes: let the SDK merge and bound them
-                    self._child(ctx, name, start, end, attrs, status)
-                    continue
-                if result.decision is not Decision.RECORD_AND_SAMPLE:
-                    new_span_id()  # the SDK gives an unsampled span an id too
-                    continue  # dropped, or recorded only: end-only processors export neither
-                trace_state = result.trace_state
-            span = ReadableSpan(
-                name,
-                context=SpanContext(trace_id, new_span_id(), False, flags, trace_state),
-                parent=parent,
-                resource=resource,
-                attributes=attrs,
-                kind=SpanKind.INTERNAL,
-                instrumentation_info=info,
-                start_time=start,
-                end_time=end,
-                instrumentation_scope=scope,
-                status=_UNSET if status is None else status,
-            )
-            on_end(span)

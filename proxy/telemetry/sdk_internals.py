@@ -1,0 +1,579 @@
+"""Every use of the OpenTelemetry SDK's and exporters' private internals, in one place.
+
+The fast paths of `spans.py` (spans built without a live SDK span) and the exporters that encode
+with `otlp.py` (~5x less CPU per span) rely on how this SDK version is put together. Each is
+taken only when the pieces it needs are where this module expects them, and falls back to the
+SDK's public path otherwise; tests/test_telemetry_fast.py and tests/test_telemetry_otlp.py pin
+that the fast output equals the public path's, span for span and byte for byte. The versions
+verified are `VERIFIED` (pinned in pyproject.toml with `~=`); tests/test_sdk_internals.py fails
+when the installed ones differ, so an upgrade is a deliberate act: rerun those tests, re-read
+the names below in the new SDK, then move the pins.
+
+Private names used, and why:
+
+- `CompositePropagator._propagators`: to see that the global propagator is W3C `tracecontext`
+  (+ `baggage`), whose headers `Telemetry` reads and writes directly.
+- `SpanProcessor._on_ending` (and the batch and simple processors'): a processor is "end only"
+  when its `on_start` and `_on_ending` are the base no-ops; only then may spans reach it
+  already finished.
+- `Tracer._span_limits`: the fast paths add no attribute bounding, so they run only when no
+  count or length limit can bite.
+- `Tracer._instrumentation_scope`: the scope a directly built span carries, as the SDK's span
+  takes it at start.
+- `Tracer._is_enabled`: a tracer configurator may disable a tracer; then the SDK's path.
+- `SynchronousMultiSpanProcessor._span_processors`: the provider's processors, to check that
+  each is end only (`add_span_processor` replaces the tuple, so a changed identity is noticed).
+- `sampling._AlwaysOn`, `sampling._ParentBasedAlwaysOn`, `sampling._ParentBasedAlwaysOff`: the
+  classes of the built-in samplers that sample every child of a sampled parent.
+- `OTLPSpanExporter._translate_data` (gRPC): the hook whose request message is built from our
+  bytes.
+- `OTLPSpanExporter._shutdown`, `._metrics`, `._client`, `._max_request_size` and
+  `exporter.otlp.proto.http._common._is_request_too_large` / `RequestPayloadTooLargeError`,
+  `trace_exporter._logger` (HTTP): `export` encodes with the library's encoder inline, so the
+  subclass repeats its body (1.45) with our bytes.
+- Metrics (`BulkRecorder`, a stream's chunk gaps into an SDK histogram at once):
+  `sdk.metrics._internal._view_instrument_match._hash_attributes` (the key the SDK files an
+  attribute set under); `sdk.metrics._internal.aggregation._ExplicitBucketHistogramAggregation`
+  and its `_boundaries`, `_lock`, `_value`, `_get_empty_bucket_counts`, `_sum`, `_record_min_max`,
+  `_min`, `_max` (the aggregation updated as its `aggregate` would); `Histogram._measurement_consumer`
+  with `._sdk_config` (the exemplar filter: only with none can exemplars be skipped) and
+  `._reader_storages`, a storage's `._instrument_view_instrument_matches`, a match's `._view`
+  (`._attribute_keys`: only views keeping every attribute), `._lock` and
+  `._attributes_aggregation`. tests/test_bulk_record.py pins the points to the public path's.
+
+Public but not part of the API contract, used the same way: `Tracer.sampler`, `.id_generator`,
+`.span_processor`, `.resource`, `.instrumentation_info`, and `ReadableSpan(...)`'s constructor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.metrics import Histogram
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, sampling
+from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util import types
+
+from proxy.telemetry import otlp
+
+__all__ = [
+    "VERIFIED",
+    "BulkRecorder",
+    "Phase",
+    "Root",
+    "children_follow_root",
+    "direct_children",
+    "direct_root",
+    "end_only",
+    "fast_paths",
+    "grpc_exporter",
+    "http_exporter",
+    "is_w3c_textmap",
+    "span_processors",
+]
+
+# The releases whose internals the names above were read in (major.minor).
+VERIFIED = {
+    "opentelemetry-api": "1.45",
+    "opentelemetry-sdk": "1.45",
+    "opentelemetry-exporter-otlp-proto-common": "1.45",
+    "opentelemetry-exporter-otlp-proto-grpc": "1.45",
+    "opentelemetry-exporter-otlp-proto-http": "1.45",
+    "opentelemetry-proto": "1.45",
+}
+
+# (name, start ns, end ns, attributes, error status) of a phase child.
+Phase = tuple[str, int, int, dict[str, types.AnyValue], Status | None]
+
+EMPTY_CONTEXT = Context()  # what extract() returns for a carrier without W3C headers
+_W3C_PROPAGATORS = {TraceContextTextMapPropagator, W3CBaggagePropagator}
+# Processors whose on_start/_on_ending do nothing: they only need on_end, which takes a ReadableSpan.
+_NOOP_ON_START = {SpanProcessor.on_start, SimpleSpanProcessor.on_start, BatchSpanProcessor.on_start}
+_NOOP_ON_ENDING = {getattr(cls, "_on_ending", None) for cls in (SpanProcessor, SimpleSpanProcessor, BatchSpanProcessor)}
+_RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C level 2 flag (newer SDKs)
+_MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
+# The root has at most 75: 42 of its own (20 at start with 9 request parameters, 22 at the end)
+# and 33 from proxy/accounting: at most 16 header attributes + user.id + taotrace.key.id,
+# 13 rate-limit values, taotrace.cost and its currency.
+_MAX_ROOT_ATTRIBUTES = 80
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_UNSET = Status(StatusCode.UNSET)
+
+# Samplers that sample every child of a sampled local parent, with the parent's trace state and no
+# attributes of their own: ALWAYS_ON, the ParentBased ones with their default delegates, and
+# trace-id ratio (a child has its parent's trace id). What OTEL_TRACES_SAMPLER builds is among them.
+_FOLLOWING_SAMPLERS = (sampling.ALWAYS_ON, sampling.DEFAULT_ON, sampling.DEFAULT_OFF)
+_FOLLOWING_SAMPLER_TYPES = {
+    cls
+    for cls in (
+        sampling.TraceIdRatioBased,
+        sampling.ParentBasedTraceIdRatio,
+        *(getattr(sampling, name, None) for name in ("_AlwaysOn", "_ParentBasedAlwaysOn", "_ParentBasedAlwaysOff")),
+    )
+    if cls is not None
+}
+
+
+def is_w3c_textmap(propagator: object) -> bool:
+    """True for `tracecontext` or `tracecontext,baggage` (the default): headers we can read and write directly."""
+    if type(propagator) is CompositePropagator:
+        parts = getattr(propagator, "_propagators", None)
+    else:
+        parts = (propagator,)
+    if not parts:
+        return False
+    kinds = {type(p) for p in parts}
+    return TraceContextTextMapPropagator in kinds and kinds <= _W3C_PROPAGATORS
+
+
+def end_only(processor: object) -> bool:
+    cls = type(processor)
+    return getattr(cls, "on_start", None) in _NOOP_ON_START and getattr(cls, "_on_ending", None) in _NOOP_ON_ENDING
+
+
+def span_processors(tracer: object) -> tuple[object, ...] | None:
+    """The provider's processor tuple (a new tuple when one is added), or None when it cannot be read."""
+    processors = getattr(getattr(tracer, "span_processor", None), "_span_processors", None)
+    return processors if isinstance(processors, tuple) else None
+
+
+def children_follow_root(sampler: object) -> bool:
+    return any(sampler is s for s in _FOLLOWING_SAMPLERS) or type(sampler) in _FOLLOWING_SAMPLER_TYPES
+
+
+def _sdk_internal_metrics_enabled() -> bool:
+    return os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
+
+
+def fast_paths(tracer: object) -> tuple[bool, bool]:
+    """(children, root): whether this tracer lets spans be built directly, as the SDK would build them."""
+    limits = getattr(tracer, "_span_limits", None)
+    max_attrs = getattr(limits, "max_span_attributes", 0)
+    children = (
+        isinstance(tracer, SdkTracer)
+        and all(hasattr(tracer, a) for a in ("sampler", "id_generator", "span_processor"))
+        and (max_attrs is None or max_attrs >= _MAX_CHILD_ATTRIBUTES)
+        and not _sdk_internal_metrics_enabled()  # the SDK would count each child span
+    )
+    # The root too, when its attributes need no bounding (no count or length limit can bite)
+    # and the SDK pieces it copies are where this version keeps them.
+    root = (
+        children
+        and (max_attrs is None or max_attrs >= _MAX_ROOT_ATTRIBUTES)
+        and getattr(limits, "max_span_attribute_length", 0) is None
+        and all(hasattr(tracer, a) for a in ("resource", "instrumentation_info", "_instrumentation_scope"))
+        and hasattr(getattr(tracer, "id_generator", None), "is_trace_id_random")
+        and hasattr(TraceFlags, "random_trace_id")
+    )
+    return children, root
+
+
+class Root(Span):
+    """The request's root span built directly (see `direct_root`).
+
+    Holds what Tracer.start_span's `_Span` would hold, as a plain dict of attributes (Telemetry
+    only sets valid values; lists become tuples as BoundedAttributes makes them), and on `end`
+    hands the processors the same `ReadableSpan` the SDK would. It lives on the event loop only,
+    so it needs no lock. Telemetry never adds events or links to the root: `add_event`,
+    `add_link` and `record_exception` are accepted and ignored.
+    """
+
+    __slots__ = (
+        "_tracer",
+        "_name",
+        "_context",
+        "parent",
+        "attributes",
+        "_start",
+        "_status",
+        "_ended",
+        "resource",
+        "instrumentation_scope",
+    )
+
+    def __init__(
+        self,
+        tracer: SdkTracer,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, types.AnyValue],
+        start: int,
+    ) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._context = context
+        self.parent = parent
+        self.attributes = attributes
+        self._start = start
+        self._status = _UNSET
+        self._ended = False
+        self.resource = tracer.resource  # what the SDK span takes at start
+        self.instrumentation_scope = tracer._instrumentation_scope
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return not self._ended
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        if self._ended:
+            return
+        mine = self.attributes
+        for key, value in attributes.items():
+            mine.pop(key, None)  # a key set again moves to the end, as in BoundedAttributes
+            mine[key] = tuple(value) if isinstance(value, list) else value
+
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        self.set_attributes({key: value})
+
+    def update_name(self, name: str) -> None:
+        if not self._ended:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # Tracer's _Span.set_status: OK is final, UNSET is ignored.
+        if self._ended or self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self._status = status
+        elif status is not StatusCode.UNSET:
+            self._status = Status(status, description)
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        pass  # never used by Telemetry (see the class docstring)
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        pass
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: types.Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        pass
+
+    def drop(self) -> None:
+        """End without handing anything to the processors (outcome sampling dropped the trace)."""
+        self._ended = True
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        tracer = self._tracer
+        tracer.span_processor.on_end(
+            ReadableSpan(
+                self._name,
+                context=self._context,
+                parent=self.parent,
+                resource=self.resource,
+                attributes=self.attributes,
+                kind=SpanKind.CLIENT,
+                instrumentation_info=tracer.instrumentation_info,
+                status=self._status,
+                start_time=self._start,
+                end_time=end_time if end_time is not None else time.time_ns(),
+                instrumentation_scope=self.instrumentation_scope,
+            )
+        )
+
+
+def direct_root(
+    tracer: SdkTracer, name: str, context: Context, attributes: dict[str, types.AnyValue], start: int
+) -> Span:
+    """Tracer.start_span's steps, in its order (ids, sampler), without a live SDK span.
+
+    Only for the built-in samplers (whose result carries exactly the attributes given) and
+    end-only processors (nothing to call at start). ~5 us instead of ~19 us for start + inject.
+    """
+    enabled = getattr(tracer, "_is_enabled", None)  # a tracer configurator may disable it
+    if enabled is not None and not enabled():
+        return tracer.start_span(name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=start)
+    ids = tracer.id_generator
+    parent: SpanContext | None = trace.get_current_span(context).get_span_context()
+    if parent is None or not parent.is_valid:
+        parent = None
+        trace_id = ids.generate_trace_id()
+        random_trace_id = ids.is_trace_id_random()
+    else:
+        trace_id = parent.trace_id
+        random_trace_id = parent.trace_flags.random_trace_id
+    result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.CLIENT, attributes, ())
+    flags = _SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else _NOT_SAMPLED
+    if random_trace_id:
+        flags = TraceFlags(flags | _RANDOM_TRACE_ID)
+    span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
+    if result.decision is Decision.DROP:
+        return NonRecordingSpan(span_context)
+    return Root(tracer, name, span_context, parent, attributes, start)
+
+
+def direct_children(
+    tracer: SdkTracer,
+    root: Span,
+    phases: list[Phase],
+    follows: bool,
+    general: Callable[[Context, Phase], None],
+) -> None:
+    """The phase children as finished spans, exactly as Tracer.start_span + end would make them.
+
+    `follows`: the sampler samples every child of this (sampled) root, so it need not be asked.
+    `general`: makes one child through the SDK's path (for a sampler that adds attributes).
+    """
+    parent = root.get_span_context()
+    trace_id = parent.trace_id
+    sampler = tracer.sampler
+    ctx = trace.set_span_in_context(root) if not follows else EMPTY_CONTEXT
+    new_span_id = tracer.id_generator.generate_span_id
+    on_end = tracer.span_processor.on_end
+    # Root and the SDK's own span both carry these (the API's Span does not declare them).
+    resource = root.resource  # type: ignore[attr-defined]
+    scope = root.instrumentation_scope  # type: ignore[attr-defined]
+    info = tracer.instrumentation_info
+    # A sampled child of a local parent: SAMPLED, plus the parent's random-trace-id flag.
+    flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))
+    trace_state: TraceState | None = parent.trace_state
+    for phase in phases:
+        name, start, end, attrs, status = phase
+        if not follows:  # ask the sampler, as Tracer.start_span would
+            result = sampler.should_sample(ctx, trace_id, name, SpanKind.INTERNAL, None, ())
+            if result.attributes:  # a custom sampler's attributes: let the SDK merge and bound them
+                general(ctx, phase)
+                continue
+            if result.decision is not Decision.RECORD_AND_SAMPLE:
+                new_span_id()  # the SDK gives an unsampled span an id too
+                continue  # dropped, or recorded only: end-only processors export neither
+            trace_state = result.trace_state
+        on_end(
+            ReadableSpan(
+                name,
+                context=SpanContext(trace_id, new_span_id(), False, flags, trace_state),
+                parent=parent,
+                resource=resource,
+                attributes=attrs,
+                kind=SpanKind.INTERNAL,
+                instrumentation_info=info,
+                start_time=start,
+                end_time=end,
+                instrumentation_scope=scope,
+                status=_UNSET if status is None else status,
+            )
+        )
+
+
+# --- The production exporters, encoding with proxy.telemetry.otlp --------------------------------
+#
+# gRPC: OTLPSpanExporter._translate_data (the one hook the SDK's gRPC mixin has for this) returns
+# the request message parsed back from our bytes (upb parses ~0.4 us/span; the stub serialises it).
+# HTTP: OTLPSpanExporter.export calls the library encoder directly, so the subclass repeats its
+# body (1.45: shutdown check, export metrics, size limit, client.export) with our bytes; when any
+# piece it relies on is missing (another SDK version) it calls the library's export unchanged.
+
+
+def http_exporter(endpoint: str) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
+
+    try:
+        from opentelemetry.exporter.otlp.proto.http._common import (
+            RequestPayloadTooLargeError,
+            _is_request_too_large,
+        )
+        from opentelemetry.semconv.attributes.http_attributes import (
+            HTTP_RESPONSE_STATUS_CODE,
+        )
+    except ImportError:  # another exporter version: the library's own export
+        return http.OTLPSpanExporter(endpoint=endpoint)
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class HttpSpanExporter(http.OTLPSpanExporter):
+        """OTLP/HTTP protobuf with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
+
+        _fast = True
+
+        def export(self, spans: Sequence[Any]) -> Any:
+            if not self._fast or self._shutdown:
+                return super().export(spans)
+            with self._metrics.export_operation(len(spans)) as result:
+                try:
+                    serialized_data = otlp.encode_spans(spans, otlp.release_gil)  # falls back to the library encoder
+                except Exception as error:  # noqa: BLE001 - as the library's export: a failed batch, never a raise
+                    http._logger.error("Failed to encode span batch: %s", error)
+                    result.error = error
+                    return SpanExportResult.FAILURE
+                if _is_request_too_large(serialized_data, self._max_request_size):
+                    http._logger.warning(
+                        "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.",
+                        len(serialized_data),
+                        self._max_request_size,
+                    )
+                    result.error = RequestPayloadTooLargeError(
+                        f"Serialized span request size {len(serialized_data)} "
+                        f"bytes exceeds max_request_size {self._max_request_size} bytes."
+                    )
+                    return SpanExportResult.FAILURE
+                export_result = self._client.export(serialized_data)
+                if not export_result.success:
+                    result.error = export_result.error
+                    result.error_attrs = (
+                        {HTTP_RESPONSE_STATUS_CODE: export_result.status_code}
+                        if export_result.status_code is not None
+                        else None
+                    )
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
+
+    exporter = HttpSpanExporter(endpoint=endpoint)
+    exporter._fast = all(hasattr(exporter, a) for a in ("_shutdown", "_metrics", "_client", "_max_request_size"))
+    return exporter
+
+
+def grpc_exporter(endpoint: str) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+        OTLPSpanExporter as GrpcExporter,
+    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    if not callable(getattr(GrpcExporter, "_translate_data", None)):
+        return GrpcExporter(endpoint=endpoint)
+
+    class GrpcSpanExporter(GrpcExporter):
+        """OTLP/gRPC with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
+
+        def _translate_data(self, data: Sequence[Any]) -> ExportTraceServiceRequest:
+            request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(
+                otlp.encode_spans(data, otlp.release_gil)
+            )
+            return request
+
+    return GrpcSpanExporter(endpoint=endpoint)
+
+
+# --- Many values into an SDK histogram at once (the GenAI metrics' chunk gaps) --------------------
+#
+# `Histogram.record` costs ~5-10 us per value (attribute cleaning and hashing, a Measurement, the
+# consumer chain); a 1,000-chunk stream records 1,000 chunk gaps. `BulkRecorder.record` adds a batch
+# to the SDK's existing explicit-bucket aggregations for one attribute set directly: the same bucket
+# rule (`bisect_left`), sum, min and max the SDK's `aggregate` applies, under the same locks, in the
+# same order (view match, then aggregation) the SDK's `collect` takes them. It is used only where
+# the result is exactly the public path's: explicit-bucket histogram aggregations, views that keep
+# every attribute, and the always-off exemplar filter (so there are no exemplars to offer). Anything
+# else, or any SDK internals it does not find, takes `Histogram.record` per value.
+
+try:  # checked at every use; without them BulkRecorder takes the public path
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+    from opentelemetry.sdk.metrics._internal._view_instrument_match import _hash_attributes
+    from opentelemetry.sdk.metrics._internal.aggregation import _ExplicitBucketHistogramAggregation
+except ImportError:  # pragma: no cover - another SDK layout
+    _hash_attributes = None  # type: ignore[assignment]
+
+
+def _matches(histogram: Any) -> list[Any] | None:
+    """The histogram's view matches in every reader, when the direct path gives the SDK's result."""
+    if _hash_attributes is None:
+        return None
+    consumer = getattr(histogram, "_measurement_consumer", None)
+    config = getattr(consumer, "_sdk_config", None)
+    if not isinstance(getattr(config, "exemplar_filter", None), AlwaysOffExemplarFilter):
+        return None
+    matches: list[Any] = []
+    for storage in getattr(consumer, "_reader_storages", {}).values():
+        found = getattr(storage, "_instrument_view_instrument_matches", {}).get(histogram)
+        if not found:
+            return None  # not set up yet: the first public record does it
+        matches.extend(found)
+    for match in matches:
+        view = getattr(match, "_view", None)
+        if getattr(view, "_attribute_keys", 0) is not None or not hasattr(match, "_attributes_aggregation"):
+            return None
+    return matches or None
+
+
+def _add(matches: list[Any], key: object, values: Sequence[float]) -> bool:
+    """Add `values` to each match's aggregation for `key`; False (and nothing changed) if one is missing."""
+    with ExitStack() as stack:
+        for match in matches:
+            # The view match's lock first, as its collect() does: in delta mode collect swaps the
+            # aggregations out under it, so the one updated here is the current one.
+            stack.enter_context(match._lock)
+        aggregations = [match._attributes_aggregation.get(key) for match in matches]
+        if not all(type(a) is _ExplicitBucketHistogramAggregation for a in aggregations):
+            return False
+        total, low, high = sum(values), min(values), max(values)
+        for agg in aggregations:
+            bounds = agg._boundaries
+            with agg._lock:
+                if agg._value is None:
+                    agg._value = agg._get_empty_bucket_counts()
+                counts = agg._value
+                for v in values:
+                    counts[bisect_left(bounds, v)] += 1
+                agg._sum += total
+                if agg._record_min_max:
+                    agg._min = min(agg._min, low)
+                    agg._max = max(agg._max, high)
+    return True
+
+
+class BulkRecorder:
+    """`record(histogram, values, attributes)`: `histogram.record(v, attributes)` for each value.
+
+    Remembers, per histogram and attribute set, where the SDK keeps their aggregation (the view
+    matches and the hashed attribute key; both fixed once created), so a record costs a dict
+    lookup and the bucket updates. One per meter provider's users; not shared across providers.
+    """
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[Histogram, tuple[tuple[str, str | int], ...]], tuple[list[Any], object]] = {}
+
+    def record(self, histogram: Histogram, values: Sequence[float], attributes: Mapping[str, str | int]) -> None:
+        """Values must be what the proxy records (finite, non-negative); others take the public path."""
+        if not values:
+            return
+        if min(values) < 0 or not math.isfinite(sum(values)):  # the SDK drops these, with a warning each
+            for v in values:
+                histogram.record(v, attributes)
+            return
+        cache_key = (histogram, tuple(attributes.items()))
+        found = self._found.get(cache_key)
+        if found is not None and _add(found[0], found[1], values):
+            return
+        histogram.record(values[0], attributes)  # creates the aggregation the SDK's way (incl. overflow)
+        rest = values[1:]
+        matches = _matches(histogram)
+        if matches is not None:
+            found = self._found[cache_key] = (matches, _hash_attributes(dict(attributes)))
+            if not rest or _add(found[0], found[1], rest):
+                return
+        for v in rest:
+            histogram.record(v, attributes)
