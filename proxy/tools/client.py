@@ -29,7 +29,7 @@ from proxy.dialects import (
     API_RESPONSES,
     reader_for,
 )
-from proxy.sse import SSEDecoder
+from proxy.sse import SSEDecoder, SSEEvent
 
 __all__ = ["API_ALIASES", "Call", "Measurement", "api_name", "auth_headers", "error_message", "measure", "request_for"]
 
@@ -165,6 +165,77 @@ class Measurement:
         }
 
 
+class _Stream:
+    """What the client saw of one response stream, event by event (no I/O here)."""
+
+    def __init__(self, api: str) -> None:
+        reader = reader_for(api)
+        assert reader is not None
+        self.api = api
+        self.reader = reader
+        self.decoder = SSEDecoder()
+        self.t_byte: float | None = None
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.token_events = self.events = self.unparsed = 0
+        self.ended = False  # the dialect's end marker arrived
+        self.error: str | None = None  # the first error event inside the stream
+
+    def feed(self, chunk: bytes, t: float) -> None:
+        """One read of the body, arrived at `t`."""
+        if self.t_byte is None:
+            self.t_byte = t
+        for event in self.decoder.feed(chunk):
+            self._event(event, t)
+
+    def _event(self, event: SSEEvent, t: float) -> None:
+        self.events += 1
+        if event.data == b"[DONE]":
+            self.ended = True
+            return
+        if event.data[:1] not in (b"{", b"["):
+            self.unparsed += 1
+            return
+        if self.reader.feed(event):
+            self.token_events += 1
+            if self.t_first is None:
+                self.t_first = t
+            self.t_last = t
+        if event.event in _ENDS.get(self.api, ()):
+            self.ended = True
+        if self.reader.error_type and self.error is None:
+            self.error = f"error in stream: {error_message(event.data)}"
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    headers: Mapping[str, str],
+    stream: _Stream,
+    clock: Callable[[], float],
+) -> tuple[int, str | None]:
+    """POST and read the answer into `stream`: (status, error). Errors name the kind of failure,
+    never the exception's text (it can carry the URL)."""
+    status = 0
+    try:
+        async with session.post(url, data=payload, headers=headers) as response:
+            status = response.status
+            if status != 200:
+                return status, f"HTTP {status}: {error_message(await response.read())}"
+            async for chunk in response.content.iter_any():
+                stream.feed(chunk, clock())
+    except aiohttp.ClientPayloadError:
+        return status, "stream cut: the connection closed mid-body"
+    except aiohttp.ClientConnectorError as exc:
+        return status, f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
+    except aiohttp.ClientError as exc:
+        return status, type(exc).__name__
+    except TimeoutError:
+        return status, "timed out"
+    return status, stream.error
+
+
 async def measure(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -176,90 +247,50 @@ async def measure(
 ) -> Measurement:
     """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`."""
     path, body = request_for(call)
-    url = base_url.rstrip("/") + path
     send_headers = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream",
         **auth_headers(call.api, api_key),
         **(headers or {}),
     }
-    payload = orjson.dumps(body)
-    decoder = SSEDecoder()
-    reader = reader_for(call.api)
-    assert reader is not None
-    t_first = t_last = t_byte = None
-    token_events = events = unparsed = 0
-    ended = False
-    error: str | None = None
-    status = 0
+    stream = _Stream(call.api)
     t0 = clock()
-    try:
-        async with session.post(url, data=payload, headers=send_headers) as response:
-            status = response.status
-            if status != 200:
-                raw = await response.read()
-                error = f"HTTP {status}: {error_message(raw)}"
-            else:
-                async for chunk in response.content.iter_any():
-                    t = clock()
-                    t_byte = t if t_byte is None else t_byte
-                    for event in decoder.feed(chunk):
-                        events += 1
-                        if event.data == b"[DONE]":
-                            ended = True
-                            continue
-                        if event.data[:1] not in (b"{", b"["):
-                            unparsed += 1
-                            continue
-                        if reader.feed(event):
-                            token_events += 1
-                            t_first = t if t_first is None else t_first
-                            t_last = t
-                        if event.event in _ENDS.get(call.api, ()):
-                            ended = True
-                        if reader.error_type and error is None:
-                            error = f"error in stream: {error_message(event.data)}"
-    except aiohttp.ClientPayloadError:
-        error = "stream cut: the connection closed mid-body"
-    except aiohttp.ClientConnectorError as exc:
-        error = f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
-    except aiohttp.ClientError as exc:  # its text can carry the URL: name the kind only
-        error = type(exc).__name__
-    except TimeoutError:
-        error = "timed out"
+    status, error = await _exchange(
+        session, base_url.rstrip("/") + path, orjson.dumps(body), send_headers, stream, clock
+    )
     t_end = clock()
-    usage = reader.usage
-    reported = usage is not None and usage.output_tokens is not None
-    output_tokens = (
-        usage.output_tokens if reported and usage is not None and usage.output_tokens is not None else token_events
-    )
-    if status == 200 and error is None and not ended:
+    if status == 200 and error is None and not stream.ended:
         error = "stream ended without its end marker"
-    tpot = (
-        (t_last - t_first) / (output_tokens - 1)
-        if t_first is not None and t_last is not None and output_tokens > 1
-        else None
-    )
-    decode_time = t_end - t_first if t_first is not None else None
+    return _measurement(call, status, error, stream, t0, t_end)
+
+
+def _measurement(call: Call, status: int, error: str | None, s: _Stream, t0: float, t_end: float) -> Measurement:
+    usage = s.reader.usage
+    reported = usage is not None and usage.output_tokens is not None
+    output_tokens = usage.output_tokens if usage is not None and usage.output_tokens is not None else s.token_events
+    tpot = None
+    if s.t_first is not None and s.t_last is not None and output_tokens > 1:
+        tpot = (s.t_last - s.t_first) / (output_tokens - 1)
+    decode_time = t_end - s.t_first if s.t_first is not None else None
     return Measurement(
         api=call.api,
         model=call.model,
         status=status,
-        ttfb_s=None if t_byte is None else t_byte - t0,
-        ttft_s=None if t_first is None else t_first - t0,
+        ttfb_s=None if s.t_byte is None else s.t_byte - t0,
+        ttft_s=None if s.t_first is None else s.t_first - t0,
         total_s=t_end - t0,
         output_tokens=output_tokens,
         usage_source="reported" if reported else "counted",
         tpot_s=tpot,
         tokens_per_s=output_tokens / decode_time if decode_time else None,
-        token_events=token_events,
-        events=events,
-        unparsed=unparsed,
-        ended=ended,
+        token_events=s.token_events,
+        events=s.events,
+        unparsed=s.unparsed,
+        ended=s.ended,
         usage_reported=reported,
         input_tokens=usage.input_tokens if usage else None,
         cached_tokens=usage.cached_input_tokens if usage else None,
         reasoning_tokens=usage.reasoning_tokens if usage else None,
-        response_id=reader.response_id,
+        response_id=s.reader.response_id,
         error=error,
     )
