@@ -62,20 +62,20 @@ def create_proxy_app(
     observers: Sequence[Observer] = (),
     accounting: Accounting | None = None,
 ) -> web.Application:
-    """The proxy: one catch-all route; the port reserves no path of its own."""
+    """The proxy: one catch-all route; the port reserves no path of its own.
+
+    Call it on the loop that will serve the app (the upstream pool is bound to it)."""
     upstream = upstream_url(settings.upstream)
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
     app[STATE_KEY] = state
+    pool = app[POOL_KEY] = make_pool(settings)
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-        pool = make_pool(settings)  # needs the running loop
-        app[POOL_KEY] = pool
-        forwarder.pool = pool
         yield
         await pool.close()
 
     forwarder = Forwarder(
-        None,  # type: ignore[arg-type]  # set by pool_ctx before the first request
+        pool,
         upstream.raw_path,
         telemetry,
         metrics,

@@ -9,6 +9,10 @@
     ├── MalformedRequest       400 bad_request    framing or header syntax the parser refused
     └── BadTarget              400 bad_request    a request target the proxy will not forward
 
+    BodyFailure                after the response head: the body could not be relayed to its end,
+                               so the client's connection is cut (error_type: stream_cut, timeout,
+                               client_abort); no status, the client already has one
+
 Messages are written here, never copied from exceptions: those can carry URLs with query
 strings and, in `repr()`, request headers.
 """
@@ -20,6 +24,7 @@ from aiohttp import web
 
 __all__ = [
     "BadTarget",
+    "BodyFailure",
     "BodyTooLarge",
     "HeadersTooLarge",
     "MalformedRequest",
@@ -80,6 +85,14 @@ class HeadersTooLarge(ProxyError):
 class MalformedRequest(ProxyError):
     status = 400
     error_type = "bad_request"
+
+
+class BodyFailure(Exception):
+    """The response body could not be read or relayed to its end; `error_type` is the metrics label."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
 
 
 def error_type_for_status(status: int, body_head: bytes = b"") -> str:

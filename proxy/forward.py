@@ -19,17 +19,17 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from aiohttp import web
-from opentelemetry.trace import INVALID_SPAN
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from proxy.accounting.attribution import Attributor
 from proxy.accounting.prices import Cost, PriceTable, cost_of
 from proxy.accounting.ratelimits import read_rate_limits
 from proxy.dialects import (
     API_OTHER,
+    RequestInfo,
     StreamReader,
     Usage,
     api_for_path,
@@ -38,13 +38,13 @@ from proxy.dialects import (
     read_body,
     reader_for,
 )
-from proxy.errors import BadTarget, BodyTooLarge, ProxyError, error_type_for_status
+from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.sse import SSEDecoder
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
-from proxy.upstream import BodyFailure, UpstreamPool, UpstreamResponse
+from proxy.upstream import UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder"]
 
@@ -139,6 +139,54 @@ class _Relay:
         return transport.get_write_buffer_size() > HIGH_WATER
 
 
+class _Exchange:
+    """One request through the proxy, as its handler learns about it; `_finish` records it."""
+
+    __slots__ = (
+        "client_headers", "error_type", "info", "method", "path", "phase", "relay", "span", "status", "t_end", "upstream",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        info: RequestInfo,
+        phase: PhaseClock,
+        span: Span,
+        client_headers: Mapping[str, str],
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.info = info
+        self.phase = phase
+        self.span = span
+        self.client_headers = client_headers
+        self.status = 502  # what the client got; 502 until the upstream answered
+        self.error_type = ""
+        self.t_end: float | None = None  # when the answer ended, if not at `_finish` (None: then)
+        self.upstream: UpstreamResponse | None = None
+        self.relay: _Relay | None = None
+
+    def cancelled(self, *, draining: bool) -> None:
+        """The handler was cancelled: the client left, or the drain deadline passed."""
+        relay, upstream = self.relay, self.upstream
+        if relay is not None and upstream is not None and (relay.done or (upstream.complete and not relay.lost)):
+            self.t_end = relay.t_written  # the client left with the whole answer: a clean end
+        else:
+            self.error_type = "shutdown" if draining else "client_abort"
+
+    def release_upstream(self) -> None:
+        """The connection back to the pool after a full read; the rest read in the background when
+        the client already has the whole answer; dropped otherwise."""
+        upstream, relay = self.upstream, self.relay
+        if upstream is None:
+            return
+        if relay is not None and relay.done and not upstream.complete:
+            upstream.discard_rest()  # keep the connection if the rest comes soon
+        else:
+            upstream.close()
+
+
 def server_timing(phase: PhaseClock) -> str:
     """The `Server-Timing` value (W3C; durations in ms) of what is known when the head is sent."""
     sent, headers = phase.t_sent, phase.t_headers
@@ -203,84 +251,67 @@ class Forwarder:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         t0 = self.clock()
-        method = request.method
         try:
             target = self._target(request)
             body = await self._read_body(request)
         except ProxyError as exc:
             path = request.rel_url.raw_path
-            self._record_early(api_for_path(path), method, path, exc, t0)
+            self._record_early(api_for_path(path), request.method, path, exc, t0)
             return exc.response()
         path, _, query = target.partition("?")
-        api = api_for_path(path)
-        info = inspect_request(api, body, capture_content=self.capture_content, end_user=self.body_user)
-        phase = PhaseClock(t0)
-        gauge = self.metrics.in_flight.labels(api)
+        info = inspect_request(api_for_path(path), body, capture_content=self.capture_content, end_user=self.body_user)
+        gauge = self.metrics.in_flight.labels(info.api)
         gauge.inc()
         try:
-            span = self.telemetry.start(info, method, path, query, request.headers, t0)
+            span = self.telemetry.start(info, request.method, path, query, request.headers, t0)
         except Exception:  # telemetry must never break a request
             log.exception("could not start the request span")
             span = INVALID_SPAN
-        status = 502
-        error_type = ""
-        t_end: float | None = None  # None: now
-        reader: StreamReader | None = None
-        copy: bytearray | None = None
-        upstream_resp: UpstreamResponse | None = None
-        relay: _Relay | None = None
+        x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers)
         try:
-            headers = request_headers(request.headers.items(), request.remote)
-            self.telemetry.inject(span, headers)
-            try:
-                upstream_resp = await self.pool.request(method, self.base_path + target, headers.items(), body, phase)
-            except ProxyError as error:  # our own 502/504, never bytes from the wire
-                status, error_type = error.status, error.error_type
-                log.debug("upstream request failed: %s", error.message)
-                return error.response()
-            phase.headers(self.clock())
-            status = upstream_resp.status
-            head = response_headers(upstream_resp.headers)
-            if self.server_timing:
-                head.add("Server-Timing", server_timing(phase))  # beside the upstream's own, if any
-            response = web.StreamResponse(status=status, reason=upstream_resp.reason, headers=head)
-            await response.prepare(request)
-            decoder, reader, copy = self._parsers(api, upstream_resp, status)
-            relay = _Relay(
-                request.transport,
-                response.headers.get("Transfer-Encoding", "").lower() == "chunked",  # aiohttp's choice
-                self.clock,
-                phase,
-                decoder,
-                reader,
-                copy,
-                MAX_BODY_COPY if status < 400 else MAX_ERROR_COPY,
-            )
-            error_type, t_end = await self._relay(upstream_resp, request, response, relay)
-            return response
+            return await self._forward(request, x, target, body)
         except asyncio.CancelledError:
-            if relay is not None and (relay.done or (upstream_resp.complete and not relay.lost)):  # type: ignore[union-attr]
-                t_end = relay.t_written  # the client left with the whole answer: a clean end
-            else:
-                error_type = "shutdown" if self.is_draining() else "client_abort"
+            x.cancelled(draining=self.is_draining())
             raise
         finally:
-            if upstream_resp is not None:
-                if relay is not None and relay.done and not upstream_resp.complete:
-                    upstream_resp.discard_rest()  # keep the connection if the rest comes soon
-                else:
-                    upstream_resp.close()  # back to the pool after a full read; dropped otherwise
+            x.release_upstream()
             gauge.dec()
-            if relay is not None:
-                reader = relay.reader  # None if parsing gave up midway
             try:
-                self._finish(
-                    span, info, method, path, status, error_type, phase, reader, copy, t_end,
-                    client_headers=request.headers,
-                    upstream_headers=upstream_resp.headers if upstream_resp is not None else (),
-                )  # fmt: skip
+                self._finish(x)
             except Exception:  # telemetry must never break a request
                 log.exception("telemetry failed for one request")
+
+    async def _forward(self, request: web.BaseRequest, x: _Exchange, target: str, body: bytes) -> web.StreamResponse:
+        """Send the request upstream and relay its answer; what happens is noted on `x`."""
+        headers = request_headers(request.headers.items(), request.remote)
+        self.telemetry.inject(x.span, headers)
+        try:
+            upstream = await self.pool.request(x.method, self.base_path + target, headers.items(), body, x.phase)
+        except ProxyError as error:  # our own 502/504, never bytes from the wire
+            x.status, x.error_type = error.status, error.error_type
+            log.debug("upstream request failed: %s", error.message)
+            return error.response()
+        x.upstream = upstream
+        x.phase.headers(self.clock())
+        x.status = upstream.status
+        head = response_headers(upstream.headers)
+        if self.server_timing:
+            head.add("Server-Timing", server_timing(x.phase))  # beside the upstream's own, if any
+        response = web.StreamResponse(status=x.status, reason=upstream.reason, headers=head)
+        await response.prepare(request)
+        decoder, reader, copy = self._parsers(x.info.api, upstream, x.status)
+        x.relay = _Relay(
+            request.transport,
+            response.headers.get("Transfer-Encoding", "").lower() == "chunked",  # aiohttp's choice
+            self.clock,
+            x.phase,
+            decoder,
+            reader,
+            copy,
+            MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY,
+        )
+        x.error_type, x.t_end = await self._relay(upstream, request, response, x.relay)
+        return response
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.max_body_bytes
@@ -341,24 +372,15 @@ class Forwarder:
             return "", relay.t_written
         return "", None
 
-    def _finish(
-        self,
-        span: Any,
-        info: Any,
-        method: str,
-        path: str,
-        status: int,
-        error_type: str,
-        phase: PhaseClock,
-        reader: StreamReader | None,
-        copy: bytearray | None,
-        t_end: float | None = None,
-        *,
-        client_headers: Mapping[str, str],
-        upstream_headers: Iterable[tuple[str, str]],
-    ) -> None:
-        if t_end is None:
-            t_end = self.clock()
+    def _finish(self, x: _Exchange) -> None:
+        """The request's record, from what `x` saw: to the metrics, the spans and the observers."""
+        info, phase, status, error_type = x.info, x.phase, x.status, x.error_type
+        relay = x.relay
+        reader = relay.reader if relay is not None else None  # None if parsing gave up midway
+        copy = relay.copy if relay is not None else None
+        t_end = x.t_end if x.t_end is not None else self.clock()
+        client_headers = x.client_headers
+        upstream_headers = x.upstream.headers if x.upstream is not None else ()
         if copy is not None and not error_type:
             if status >= 400:
                 error_type = error_type_for_status(status, bytes(copy[:4096]))
@@ -380,17 +402,17 @@ class Forwarder:
         else:
             source = "none"
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming)
-        sampling = self.telemetry.decide(span, error_type, timing)
+        sampling = self.telemetry.decide(x.span, error_type, timing)
         response_model = reader.response_model if reader is not None else None
         record = RequestRecord(
-            trace_id=None if sampling == "dropped" else self.telemetry.trace_id(span),
+            trace_id=None if sampling == "dropped" else self.telemetry.trace_id(x.span),
             api=info.api,
             operation=info.operation,
             model=info.model,
             response_model=response_model,
             stream=streaming,
-            method=method,
-            path=path,
+            method=x.method,
+            path=x.path,
             status_code=status,
             error_type=error_type,
             timing=timing,
@@ -405,7 +427,7 @@ class Forwarder:
             cost=self._cost(info.model, response_model, usage, source),
         )
         self.metrics.record(record)
-        self.telemetry.finish(span, record, reader.text if reader is not None else None)
+        self.telemetry.finish(x.span, record, reader.text if reader is not None else None)
         for observe in self.observers:
             observe(record)
 
@@ -424,9 +446,22 @@ class Forwarder:
         """A request refused before forwarding still counts (and is timed) in the metrics."""
         timing = PhaseClock(t0).finish(self.clock(), streaming=False)
         record = RequestRecord(
-            None, api, None, None, None, False, method, path, exc.status, exc.error_type,
-            timing, Usage(), "none", (), None,
-        )  # fmt: skip
+            trace_id=None,
+            api=api,
+            operation=None,
+            model=None,
+            response_model=None,
+            stream=False,
+            method=method,
+            path=path,
+            status_code=exc.status,
+            error_type=exc.error_type,
+            timing=timing,
+            usage=Usage(),
+            usage_source="none",
+            finish_reasons=(),
+            response_id=None,
+        )
         self.metrics.record(record)
         for observe in self.observers:
             observe(record)

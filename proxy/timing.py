@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["PhaseClock", "RequestRecord", "RequestTiming"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestTiming:
     """Seconds for each phase of one request; None where the phase did not happen."""
 
@@ -55,7 +55,7 @@ class RequestTiming:
     relay: tuple[float, ...] = ()  # per upstream read: handed to us -> written to the client socket
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
     """Everything known about one finished request; handed to metrics, spans and observers."""
 

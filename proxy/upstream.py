@@ -13,8 +13,9 @@ before the event loop does anything else.
     resp.close()                        # or resp.discard_rest() when the client left with all it needed
 
 Timings go straight into the request's `PhaseClock` (pool wait, DNS, connect incl. TLS, reuse,
-request written). Failures before the response head raise `UpstreamFailure` with our own message
-(never bytes from the wire); failures in the body raise `BodyFailure` with an error type.
+request written). Failures before the response head raise a `ProxyError` (`UpstreamUnreachable`,
+`UpstreamTimeout`, `UpstreamBroken`) with our own message (never bytes from the wire); failures
+in the body raise `BodyFailure` with an error type (the tree is drawn in `proxy/errors.py`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from typing import Any
 import httptools
 from yarl import URL
 
-from proxy.errors import ProxyError, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BodyFailure, ProxyError, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.timing import PhaseClock
 
-__all__ = ["BodyFailure", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["UpstreamPool", "UpstreamResponse"]
 
 Clock = Callable[[], float]
 Sink = Callable[[bytes], bool]  # returns True when the client's buffer is full: pause reading
@@ -45,14 +46,6 @@ PENDING_LIMIT = 256 * 1024  # body read before the relay attaches; more waits in
 DNS_TTL = 60.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "DELETE", "CONNECT"})
-
-
-class BodyFailure(Exception):
-    """The response body could not be read to its end; `error_type` is the metrics label."""
-
-    def __init__(self, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.error_type = error_type
 
 
 class _Stale(Exception):

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
 import aiohttp
-from prometheus_client import CollectorRegistry
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.telemetry.metrics import BUCKETS_LATENCY, ModelLabels
+from proxy.errors import ProxyError, error_type_for_status
+from proxy.telemetry import exposition
+from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_TOKEN, ERROR_TYPES, ModelLabels
 from tests.conftest import Proxied
 from tests.fakes import chat_stream, stream_handler
 
@@ -119,3 +129,72 @@ async def test_model_label_is_bounded_end_to_end(
                 await r.read()
     models = {s.labels["model"] for m in registry.collect() if m.name == "taotrace_requests" for s in m.samples}
     assert models == {f"made-up-{i}" for i in range(5)} | {"other"}
+
+
+def _histogram_state(metrics: Iterable[Metric]) -> tuple[list[tuple[str, float]], float]:
+    """(bucket samples, sum) of the one histogram collected."""
+    (family,) = metrics
+    buckets = [(s.labels["le"], s.value) for s in family.samples if s.name.endswith("_bucket")]
+    (total,) = [s.value for s in family.samples if s.name.endswith("_sum")]
+    return buckets, total
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.floats(min_value=-1.0, max_value=5000.0, allow_nan=False),
+            st.sampled_from([*BUCKETS_LATENCY, *BUCKETS_TOKEN, 0.0]),  # exactly on a bound
+        ),
+        max_size=200,
+    ),
+    buckets=st.sampled_from([BUCKETS_LATENCY, BUCKETS_TOKEN]),
+)
+def test_observe_many_equals_histogram_observe(values: list[float], buckets: tuple[float, ...]) -> None:
+    # A histogram child's observe_many (the bulk path for inter-token latencies and relay times)
+    # must bucket every value exactly as prometheus_client's Histogram.observe does, one by one
+    # (the first bound with v <= bound).
+    reference_registry = CollectorRegistry()
+    reference = Histogram("h", "h", ["api"], buckets=buckets, registry=reference_registry)
+    fast = exposition.Histogram("h", "h", ["api"], buckets=buckets)
+    for child in (reference.labels("x"), fast.labels("x")):
+        child.observe(0.25)  # a histogram that already holds a value
+    for v in values:
+        reference.labels("x").observe(v)
+    fast.labels("x").observe_many(values)
+    ref_buckets, ref_sum = _histogram_state(reference_registry.collect())
+    fast_buckets, fast_sum = _histogram_state([fast.collect()])
+    assert fast_buckets == ref_buckets
+    # The sum is added once instead of value by value: equal up to float rounding.
+    assert fast_sum == pytest.approx(ref_sum, rel=1e-12, abs=1e-9)
+
+
+def test_error_types_are_the_documented_vocabulary() -> None:
+    # ERROR_TYPES (the allowed `error_type` words, also the GenAI metrics' error.type set) is the
+    # README's table, and covers every word the proxy's errors and status mapping produce.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("### Error types", 1)[1].split("\n###", 1)[0]
+    documented = [w for w in re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M) if w != "error_type"]
+    assert sorted(documented) == sorted(ERROR_TYPES)
+    produced = {cls.error_type for cls in _subclasses(ProxyError)}
+    produced |= {error_type_for_status(s, b) for s in range(400, 600) for b in (b"", b"model")}
+    assert produced <= set(ERROR_TYPES)
+
+
+def _subclasses(cls: type[ProxyError]) -> set[type[ProxyError]]:
+    return {cls} | {s for sub in cls.__subclasses__() for s in _subclasses(sub)}
+
+
+def test_the_error_tree_is_drawn_whole() -> None:
+    # proxy/errors.py draws its exception tree in the docstring: every class is in it, and every
+    # name in it is a class there (a renamed or removed one would leave a stale drawing).
+    import proxy.errors
+
+    doc = proxy.errors.__doc__ or ""
+    drawn = set(re.findall(r"^\s*(?:[├└]── )?([A-Z][A-Za-z]+)\s{2,}", doc, flags=re.M))
+    defined = {
+        name
+        for name, obj in vars(proxy.errors).items()
+        if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == "proxy.errors"
+    }
+    assert drawn == defined

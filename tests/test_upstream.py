@@ -17,9 +17,9 @@ import trustme
 from aiohttp import web
 from yarl import URL
 
-from proxy.errors import UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
+from proxy.errors import BodyFailure, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.timing import PhaseClock
-from proxy.upstream import BodyFailure, UpstreamPool, UpstreamResponse
+from proxy.upstream import UpstreamPool, UpstreamResponse
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
