@@ -150,10 +150,10 @@ async def running(
         log.info("drain done: %s", drained.describe(settings.drain_seconds))
         await proxy_runner.cleanup()
         await metrics_runner.cleanup()
-        if genai is not None:
-            await asyncio.to_thread(genai.stop)  # what is queued gets recorded
-        flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
         wait = HURRIED_SHUTDOWN_SECONDS if stop_now is not None and stop_now.is_set() else TRACE_SHUTDOWN_SECONDS
+        if genai is not None:
+            await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
+        flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
         if own_meters and meters is not None:
             flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
         if own_provider:
