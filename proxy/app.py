@@ -21,7 +21,7 @@ from proxy.forward import Forwarder, Observer
 from proxy.hints import DoubledPrefix
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
-from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry
 from proxy.upstream import UpstreamPool
 
@@ -57,7 +57,7 @@ def make_pool(settings: Settings) -> UpstreamPool:
 def create_proxy_app(
     settings: Settings,
     telemetry: Telemetry,
-    metrics: Metrics,
+    metrics: Recorder,
     state: ServerState,
     observers: Sequence[Observer] = (),
     accounting: Accounting | None = None,

@@ -150,7 +150,8 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> 
         elif _is_list(kind):  # repeatable; each may be a comma list (the field's validator flattens them)
             parser.add_argument(flag, dest=name, action="append", default=None, metavar="A,B", help=help_)
         else:
-            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=help_)
+            metavar = str(extra.get("metavar") or name.upper())
+            parser.add_argument(flag, dest=name, default=None, metavar=metavar, help=help_)
 
 
 def _field_of(model: type[BaseModel], loc: object) -> str | None:

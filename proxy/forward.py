@@ -41,7 +41,7 @@ from proxy.dialects import (
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.sse import SSEDecoder
-from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
 from proxy.upstream import UpstreamPool, UpstreamResponse
@@ -211,7 +211,7 @@ class Forwarder:
         pool: UpstreamPool,
         base_path: str,
         telemetry: Telemetry,
-        metrics: Metrics,
+        metrics: Recorder,
         *,
         max_body_bytes: int,
         capture_content: bool = False,

@@ -27,7 +27,7 @@ from proxy.protocol import GuardedAppRunner
 from proxy.settings import Settings, parse_thresholds
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
-from proxy.telemetry.metrics import Metrics, ModelLabels
+from proxy.telemetry.metrics import Metrics, ModelLabels, Recorder
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
@@ -71,6 +71,17 @@ async def _drain(runner: web.AppRunner, state: ServerState, deadline: float, now
     return await drain(state.in_flight, deadline, now)
 
 
+def metrics_for(settings: Settings, registry: CollectorRegistry | None) -> Metrics:
+    """The `taotrace_*` families these settings ask for (one process, or a group's supervisor)."""
+    accounting = accounting_from(settings)
+    return Metrics(
+        registry,
+        ModelLabels(frozenset(settings.model_allowlist), settings.max_models),
+        attribute_labels=[(name, label_name(name)) for name in accounting.metric_labels],
+        attribute_label_values=accounting.metric_label_values,
+    )
+
+
 @asynccontextmanager
 async def running(
     settings: Settings,
@@ -80,12 +91,16 @@ async def running(
     registry: CollectorRegistry | None = None,
     meter_provider: MeterProvider | None = None,
     stop_now: asyncio.Event | None = None,
+    recorder: Recorder | None = None,
 ) -> AsyncIterator[Running]:
     """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit.
 
     `meter_provider`: where the OTLP GenAI metrics go; by default one built from `OTEL_*`
     (none unless `OTEL_METRICS_EXPORTER` asks for it). A provider passed in is not shut down.
     `stop_now`: once set (a second signal), the drain cuts what is in flight at once.
+    `recorder`: a worker of `--workers N` (proxy/workers/): finished requests go to it instead
+    of local metrics, no metrics port is opened (the supervisor has it) and the proxy port is
+    bound with SO_REUSEPORT, shared with the other workers.
     """
     own_provider = tracer_provider is None
     own_meters = meter_provider is None
@@ -108,12 +123,9 @@ async def running(
         ),
     )
     accounting = accounting_from(settings)
-    metrics = Metrics(
-        registry,
-        ModelLabels(frozenset(settings.model_allowlist), settings.max_models),
-        attribute_labels=[(name, label_name(name)) for name in accounting.metric_labels],
-        attribute_label_values=accounting.metric_label_values,
-    )
+    metrics = metrics_for(settings, registry)
+    worker = recorder is not None
+    sink: Recorder = metrics if recorder is None else recorder
     state = ServerState()
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
     if settings.access_log:
@@ -121,11 +133,11 @@ async def running(
     genai = None
     if meters is not None:
         genai = GenAIMetrics(
-            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=metrics.models
+            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=sink.models
         )
         observers.append(genai)
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
-        create_proxy_app(settings, telemetry, metrics, state, observers, accounting),
+        create_proxy_app(settings, telemetry, sink, state, observers, accounting),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)
         shutdown_timeout=settings.drain_seconds,
@@ -141,9 +153,12 @@ async def running(
     await proxy_runner.setup()
     await metrics_runner.setup()
     try:
-        await web.TCPSite(proxy_runner, settings.host, settings.port, backlog=2048).start()
-        await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
-        yield Running(_bound_url(proxy_runner), _bound_url(metrics_runner), registry, state, metrics)
+        await web.TCPSite(proxy_runner, settings.host, settings.port, backlog=2048, reuse_port=worker or None).start()
+        metrics_url = ""
+        if not worker:
+            await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
+            metrics_url = _bound_url(metrics_runner)
+        yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics)
     finally:
         state.draining = True
         drained = await _drain(proxy_runner, state, settings.drain_seconds, stop_now)
@@ -199,7 +214,12 @@ def run(settings: Settings) -> int:
         log.error("%s", exc)
         return 2
     try:
-        run_loop(serve(settings))
+        if settings.workers > 1:
+            from proxy.workers.supervisor import serve_group  # only a group needs it
+
+            run_loop(serve_group(settings))
+        else:
+            run_loop(serve(settings))
     except OSError as exc:
         log.error("cannot listen: %s", exc)
         return 1

@@ -6,6 +6,7 @@ builds one. OpenTelemetry's own `OTEL_*` variables are left to the SDK.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Literal
 
@@ -74,6 +75,20 @@ def split_csv(value: object) -> object:
     return value
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container's cpuset narrows)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - macOS, Windows
+
+
+def workers_count(value: object) -> object:
+    """`auto` means one worker per usable core."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return usable_cores()
+    return value
+
+
 class Settings(BaseSettings):
     """Everything `taotrace serve` can be told."""
 
@@ -133,6 +148,13 @@ class Settings(BaseSettings):
         description="with --sample-ratio below 1: keep every trace slower than these, e.g. ttft=2.5,duration=60 "
         "(seconds; a bare number is TTFT)",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="serving processes sharing the proxy port (auto: one per usable core); 1: a single process",
+        json_schema_extra={"metavar": "N|auto"},
+    )
 
     attribute_header: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -176,3 +198,5 @@ class Settings(BaseSettings):
 
         parse_header_attributes(value)  # refuses credential headers with a message saying why
         return value
+
+    _auto_workers = field_validator("workers", mode="before")(workers_count)

@@ -3,6 +3,7 @@ and the real proxy started in-process on port 0 in front of them."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -14,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from proxy.serve import Running, running
+from proxy.serve import running
 from proxy.settings import Settings
 from proxy.timing import RequestRecord
 from tests.fakes import FakeUpstream, Handler, json_handler
@@ -58,10 +59,14 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 class Proxied:
-    """A running proxy in front of `upstream`, with what it recorded."""
+    """A running proxy in front of `upstream`, with what it recorded.
+
+    `srv` is a `Running` (one process) or, with `proxy_workers` > 1, a `Group` of worker
+    processes; their records reach `records` through the supervisor a moment after the client
+    has its answer (`settled`), and their spans do not reach the in-memory exporter."""
 
     def __init__(
-        self, srv: Running, upstream: FakeUpstream, records: list[RequestRecord], exporter: InMemorySpanExporter
+        self, srv: Any, upstream: FakeUpstream, records: list[RequestRecord], exporter: InMemorySpanExporter
     ) -> None:
         self.srv = srv
         self.url = srv.proxy_url
@@ -73,6 +78,14 @@ class Proxied:
     def serve(self, handler: Handler) -> None:
         self.upstream.handler = handler
 
+    async def settled(self, count: int, timeout: float = 10.0) -> list[RequestRecord]:
+        """The records, once there are `count` of them (workers ship theirs asynchronously)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.records) < count and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        assert len(self.records) >= count, f"{len(self.records)} records, expected {count}"
+        return self.records
+
     def spans(self, name: str | None = None) -> list[Any]:
         spans = list(self.exporter.get_finished_spans())
         return [s for s in spans if name is None or s.name == name]
@@ -82,17 +95,38 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxied]]
 
 
 @pytest.fixture
+def proxy_workers(request: pytest.FixtureRequest) -> int:
+    """1: the proxy in this process. A module runs its tests in both modes with
+    `pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)`."""
+    return int(getattr(request, "param", 1))
+
+
+@pytest.fixture
 def start_proxy(
-    upstream: FakeUpstream, tracer_provider: TracerProvider, registry: CollectorRegistry, exporter: InMemorySpanExporter
+    upstream: FakeUpstream,
+    tracer_provider: TracerProvider,
+    registry: CollectorRegistry,
+    exporter: InMemorySpanExporter,
+    proxy_workers: int,
 ) -> ProxyFactory:
-    """`async with start_proxy(**settings) as p:` — the real proxy on port 0."""
+    """`async with start_proxy(**settings) as p:` — the real proxy on port 0 (or a group of
+    `proxy_workers` worker processes and their supervisor)."""
 
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[Proxied]:
         records: list[RequestRecord] = []
         settings = Settings(
-            **{"upstream": upstream.url, "port": 0, "metrics_port": 0, "drain_seconds": 1.0, **overrides}
-        )
+            **{
+                "upstream": upstream.url, "port": 0, "metrics_port": 0, "drain_seconds": 1.0,
+                "workers": proxy_workers, **overrides,
+            }
+        )  # fmt: skip
+        if settings.workers > 1:
+            from proxy.workers.supervisor import supervising
+
+            async with supervising(settings, on_record=records.append, registry=registry) as group:
+                yield Proxied(group, upstream, records, exporter)
+            return
         async with running(
             settings, on_record=records.append, tracer_provider=tracer_provider, registry=registry
         ) as srv:

@@ -171,14 +171,19 @@ async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSe
     assert time.monotonic() - started < 2.5
 
 
-def test_sigterm_drains_in_flight_streams_then_exits(tmp_path) -> None:
-    """A real `taotrace serve` process: in-flight streams finish, new connections are refused."""
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_drains_in_flight_streams_then_exits(tmp_path, workers: int) -> None:
+    """A real `taotrace serve` process (or group): in-flight streams finish, new connections are refused."""
     script = tmp_path / "drain_client.py"
     script.write_text(DRAIN_CLIENT)
     port, mport = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     result = subprocess.run(
-        [sys.executable, str(script), str(port), str(mport)], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, str(script), str(port), str(mport), str(workers)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK" in result.stdout
@@ -190,18 +195,19 @@ from aiohttp import web
 sys.path.insert(0, os.getcwd())
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
-async def main(port, mport):
+async def main(port, mport, workers):
     up = await FakeUpstream(stream_handler(chat_stream(30), gap=0.05)).start()  # ~1.5 s streams
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", "serve", "--upstream", up.url,
-        "--port", port, "--metrics-port", mport, "--drain-seconds", "5")
+        "--port", port, "--metrics-port", mport, "--drain-seconds", "5", "--workers", workers)
     base = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as s:
-        for _ in range(100):
+        for _ in range(400):
             try:
                 async with s.get(f"http://127.0.0.1:{mport}/readyz") as r:
                     if r.status == 200: break
             except aiohttp.ClientError:
-                await asyncio.sleep(0.05)
+                pass
+            await asyncio.sleep(0.05)
         async def one():
             async with s.post(base + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
                 return await r.read()
@@ -227,5 +233,5 @@ async def main(port, mport):
     await up.close()
     print("OK")
 
-asyncio.run(main(sys.argv[1], sys.argv[2]))
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
 """

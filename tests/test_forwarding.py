@@ -15,6 +15,9 @@ from aiohttp import web
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
 
+# Every case in one process and with `--workers 2` (a supervisor and two worker processes).
+pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)
+
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -37,7 +40,7 @@ async def test_stream_bytes_are_exact_lf_and_crlf(proxy: Proxied, client: aiohtt
         assert status == 200
         assert sha(body) == sha(b"".join(frames))
     # CRLF and CR streams are still parsed: tokens were seen
-    assert all(r.timing.token_events == 20 for r in proxy.records)
+    assert all(r.timing.token_events == 20 for r in await proxy.settled(3))
 
 
 async def test_request_body_method_path_and_query_reach_upstream_unchanged(
@@ -109,23 +112,20 @@ async def test_error_status_and_body_pass_through(proxy: Proxied, client: aiohtt
     error = {
         "error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "code": "invalid_api_key"}
     }
-    for status_code, error_type in (
-        (401, "auth"),
-        (429, "rate_limited"),
-        (500, "upstream_error"),
-        (400, "bad_request"),
+    for n, (status_code, error_type) in enumerate(
+        ((401, "auth"), (429, "rate_limited"), (500, "upstream_error"), (400, "bad_request")), start=1
     ):
         proxy.serve(json_handler(error, status=status_code, headers={"x-request-id": "req-1", "retry-after": "3"}))
         status, body, resp = await post(client, proxy.url + "/v1/chat/completions", {"model": "m", "stream": True})
         assert status == status_code
         assert json.loads(body) == error
         assert resp.headers["x-request-id"] == "req-1" and resp.headers["retry-after"] == "3"
-        assert proxy.records[-1].error_type == error_type
+        assert (await proxy.settled(n))[-1].error_type == error_type
     proxy.serve(
         json_handler({"error": {"message": "The model `nope` does not exist", "code": "model_not_found"}}, status=404)
     )
     await post(client, proxy.url + "/v1/chat/completions", {"model": "nope"})
-    assert proxy.records[-1].error_type == "model_not_found"
+    assert (await proxy.settled(5))[-1].error_type == "model_not_found"
 
 
 async def test_cookies_are_never_kept_between_requests(proxy: Proxied, client: aiohttp.ClientSession) -> None:

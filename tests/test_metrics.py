@@ -38,7 +38,9 @@ CONTRACT = {
     "taotrace_cost": ("counter", {"api", "model"}),
     "taotrace_cost_unpriced_requests": ("counter", {"api", "model"}),
     "taotrace_cost_cache_savings": ("counter", {"api", "model"}),
+    "taotrace_worker_restarts": ("counter", set()),
 }
+BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # one process, and --workers 2
 
 
 async def scrape(proxy: Proxied, accept: str = "") -> tuple[str, str]:
@@ -48,10 +50,12 @@ async def scrape(proxy: Proxied, accept: str = "") -> tuple[str, str]:
             return r.headers["Content-Type"], await r.text()
 
 
+@BOTH_MODES
 async def test_names_types_and_labels_match_the_contract(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     proxy.serve(stream_handler(chat_stream(3)))
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
         await r.read()
+    await proxy.settled(1)
     _, text = await scrape(proxy)
     families = {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("taotrace")}
     assert set(families) == set(CONTRACT)
@@ -69,11 +73,12 @@ def test_latency_buckets_reach_from_1ms_past_300s() -> None:
     assert BUCKETS_LATENCY[0] == 0.001 and BUCKETS_LATENCY[-1] >= 300
 
 
+@BOTH_MODES
 async def test_exemplars_carry_the_trace_id_in_openmetrics(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     proxy.serve(stream_handler(chat_stream(3)))
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
         await r.read()
-    trace_id = proxy.records[-1].trace_id
+    trace_id = (await proxy.settled(1))[-1].trace_id
     assert trace_id and len(trace_id) == 32
     ctype, text = await scrape(proxy, "application/openmetrics-text; version=1.0.0; charset=utf-8")
     assert ctype.startswith("application/openmetrics-text")
@@ -98,6 +103,7 @@ async def test_health_and_readiness(proxy: Proxied) -> None:
     proxy.srv.state.draining = False
 
 
+@BOTH_MODES
 async def test_proxy_port_reserves_no_path(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     for path in ("/metrics", "/healthz", "/readyz"):
         async with client.get(proxy.url + path) as r:
@@ -120,6 +126,7 @@ def test_model_labels_first_n_then_other() -> None:
     assert (allow("gpt-4o"), allow("x")) == ("gpt-4o", "other")
 
 
+@BOTH_MODES
 async def test_model_label_is_bounded_end_to_end(
     start_proxy, client: aiohttp.ClientSession, registry: CollectorRegistry
 ) -> None:
@@ -127,6 +134,7 @@ async def test_model_label_is_bounded_end_to_end(
         for i in range(20):
             async with client.post(p.url + "/v1/chat/completions", json={"model": f"made-up-{i}"}) as r:
                 await r.read()
+        await p.settled(20)  # with workers: the bound holds across the group, not per worker
     models = {s.labels["model"] for m in registry.collect() if m.name == "taotrace_requests" for s in m.samples}
     assert models == {f"made-up-{i}" for i in range(5)} | {"other"}
 

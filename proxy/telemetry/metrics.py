@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
 from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry
 from proxy.timing import RequestRecord
 
-__all__ = ["ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_TOKEN"]
+__all__ = ["Recorder", "ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_TOKEN"]
 
 # 1 ms … 20 min: reasoning models can think for minutes before the first token.
 BUCKETS_LATENCY = (
@@ -149,6 +150,16 @@ class _Attributed:
             self.cost.labels(rec.api, model, *values).inc(rec.cost.amount)
 
 
+class Recorder(Protocol):
+    """What the forwarder records to: `Metrics` in one process, a shipper to the supervisor in a
+    worker (proxy/workers/)."""
+
+    models: ModelLabels
+    in_flight: Gauge
+
+    def record(self, rec: RequestRecord) -> None: ...
+
+
 class Metrics:
     """The `taotrace_*` metrics on one registry."""
 
@@ -233,6 +244,10 @@ class Metrics:
             if attribute_labels
             else None
         )
+        self.worker_restarts = Counter(
+            "taotrace_worker_restarts", "Worker processes that died and were restarted (--workers).", registry=registry
+        )
+        self.worker_restarts.labels()  # 0 from the start, in one process too
         self._children: dict[tuple[str, str], _Children] = {}
         self._overhead: dict[str, tuple[HistogramChild, HistogramChild]] = {}
         if collector_registry is not None:

@@ -1,0 +1,274 @@
+"""`taotrace serve --workers N`: N serving processes on one port, one supervisor for the group.
+
+    supervisor: /metrics /healthz /readyz for the group; Metrics fed by every worker's records
+      │   one socketpair per worker: ("records", [RequestRecord...], {api: in flight}) ──┐
+      ├── worker 0  `python -m proxy.workers.worker`: the proxy on :PORT (SO_REUSEPORT) ─┤
+      └── worker 1  ...                                                                  ┘
+
+The supervisor binds the proxy port first, with SO_REUSEPORT and without listening: that
+resolves port 0, fails early when the port is taken, and holds the port across worker
+restarts. Each worker binds the same port with SO_REUSEPORT and the kernel spreads new
+connections over the listening workers (Linux). Serving loops never render exposition text:
+the supervisor aggregates (counters and histograms by applying every record once; in-flight
+gauges as the sum of each worker's last count) and renders.
+
+A worker that dies is logged and started again (`taotrace_worker_restarts_total`); the other
+workers' streams are untouched, the dead one's connections are cut by the kernel. SIGTERM or
+SIGINT: /readyz turns 503 and every worker drains within `--drain-seconds`; a second signal
+cuts them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from proxy.app import create_metrics_app
+from proxy.lifecycle import Shutdown
+from proxy.protocol import GuardedAppRunner
+from proxy.serve import metrics_for
+from proxy.settings import Settings
+from proxy.telemetry.metrics import Metrics
+from proxy.timing import RequestRecord
+from proxy.workers.channel import encode, receive
+
+__all__ = ["Group", "serve_group", "supervising"]
+
+log = logging.getLogger("taotrace")
+KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker that will not exit is killed
+CRASH_WINDOW = 2.0  # a worker that dies sooner than this after starting is restarted with a growing delay
+MAX_BACKOFF = 10.0
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (never listen) with SO_REUSEPORT: the port is ours, the workers can join it."""
+    if not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux":
+        raise OSError("--workers > 1 needs SO_REUSEPORT load balancing (Linux); run one process per replica instead")
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def worker_env(index: int, base: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: its own `service.instance.id` in the OpenTelemetry resource."""
+    attrs = [a for a in base.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if a.strip()]
+    given = next((a.split("=", 1)[1] for a in attrs if a.split("=", 1)[0].strip() == "service.instance.id"), None)
+    instance = f"{given.strip()}-{index}" if given else str(uuid.uuid4())
+    attrs = [a for a in attrs if a.split("=", 1)[0].strip() != "service.instance.id"]
+    return {**base, "OTEL_RESOURCE_ATTRIBUTES": ",".join([*attrs, f"service.instance.id={instance}"])}
+
+
+@dataclass
+class _Worker:
+    """One slot of the group and the process in it now."""
+
+    index: int
+    proc: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    in_flight: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+
+
+@dataclass
+class Group:
+    """A running group: where it listens, what it records to, how to stop it."""
+
+    proxy_url: str
+    metrics_url: str
+    metrics: Metrics
+    workers: list[_Worker]
+    draining: bool = False
+    stopping: bool = False
+
+    def readiness(self) -> str:
+        if self.draining:
+            return "draining"
+        if all(w.ready for w in self.workers):
+            return "ready"
+        return "starting"
+
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.returncode is None]
+
+    def signal_all(self, sig: int = signal.SIGTERM) -> None:
+        for w in self.workers:
+            if w.proc is not None and w.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(sig)
+
+    def cut(self) -> None:
+        """A second stop signal: every worker cuts its streams now."""
+        self.signal_all(signal.SIGTERM)
+
+
+class _Supervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        group: Group,
+        observers: Sequence[Callable[[RequestRecord], None]],
+        env: Mapping[str, str],
+    ) -> None:
+        self.settings = settings
+        self.group = group
+        self.observers = tuple(observers)
+        self.env = env
+
+    def _apply(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ready":
+            worker.ready = True
+            return
+        if kind != "records":
+            return
+        _, records, in_flight = message
+        metrics = self.group.metrics
+        for rec in records:
+            try:
+                metrics.record(rec)
+                for observe in self.observers:
+                    observe(rec)
+            except Exception:  # one bad record must not stop the group's metrics
+                log.exception("could not record a worker's request")
+        if in_flight != worker.in_flight:
+            worker.in_flight = in_flight
+            self._sum_in_flight()
+
+    def _sum_in_flight(self) -> None:
+        gauge = self.group.metrics.in_flight
+        totals = {key[0]: 0.0 for key in list(gauge.children)}
+        for w in self.group.workers:
+            for api, n in w.in_flight.items():
+                totals[api] = totals.get(api, 0.0) + n
+        for api, n in totals.items():
+            gauge.labels(api).set(n)
+
+    async def run_slot(self, worker: _Worker) -> None:
+        """Start the slot's worker, apply what it sends, and start it again if it dies."""
+        failures = 0
+        while not self.group.stopping:
+            parent, child = socket.socketpair()
+            worker.started = time.monotonic()
+            try:
+                worker.proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "proxy.workers.worker", str(child.fileno()),
+                    pass_fds=(child.fileno(),), start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
+                    env=worker_env(worker.index, self.env),
+                )  # fmt: skip
+            finally:
+                child.close()
+            reader, writer = await asyncio.open_connection(sock=parent)
+            writer.write(encode(("start", self.settings.model_dump(), worker.index)))
+            while (message := await receive(reader)) is not None:
+                self._apply(worker, message)
+            returncode = await worker.proc.wait()
+            writer.close()
+            worker.ready = False
+            worker.in_flight = {}
+            self._sum_in_flight()
+            if self.group.stopping:
+                return
+            how = f"signal {-returncode}" if returncode < 0 else f"status {returncode}"
+            self.group.metrics.worker_restarts.labels().inc()
+            failures = failures + 1 if time.monotonic() - worker.started < CRASH_WINDOW else 0
+            delay = min(MAX_BACKOFF, 0.5 * 2 ** (failures - 1)) if failures else 0.0
+            log.warning("worker %d (pid %d) exited with %s; restarting it%s", worker.index, worker.proc.pid, how,
+                        f" in {delay:g}s" if delay else "")  # fmt: skip
+            await asyncio.sleep(delay)
+
+
+@contextlib.asynccontextmanager
+async def supervising(
+    settings: Settings,
+    *,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    registry: CollectorRegistry | None = None,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float = 60.0,
+) -> AsyncIterator[Group]:
+    """Start `settings.workers` workers and the group's metrics port; drain them all on exit.
+
+    Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so)."""
+    reserved = reserve_port(settings.host, settings.port)
+    host, port = reserved.getsockname()[:2]
+    worker_settings = settings.model_copy(update={"port": port})
+    metrics = metrics_for(settings, registry)
+    host_part = f"[{host}]" if ":" in host else host
+    group = Group(f"http://{host_part}:{port}", "", metrics, [_Worker(i) for i in range(settings.workers)])
+    supervisor = _Supervisor(
+        worker_settings, group, [] if on_record is None else [on_record], os.environ if env is None else env
+    )
+    runner = GuardedAppRunner(
+        create_metrics_app(metrics.registry.render, group.readiness), access_log=None, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    slots = [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
+    try:
+        site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
+        await site.start()
+        mhost, mport = runner.addresses[0][:2]
+        group.metrics_url = f"http://[{mhost}]:{mport}" if ":" in mhost else f"http://{mhost}:{mport}"
+        deadline = time.monotonic() + ready_timeout
+        while group.readiness() != "ready" and time.monotonic() < deadline:
+            if all(s.done() for s in slots):
+                break
+            await asyncio.sleep(0.02)
+        yield group
+    finally:
+        group.draining = group.stopping = True
+        group.signal_all(signal.SIGTERM)
+        limit = settings.drain_seconds + KILL_GRACE
+        done, pending = await asyncio.wait(slots, timeout=limit) if slots else (set(), set())
+        if pending:
+            log.error("workers still running %.0fs after SIGTERM: killing them", limit)
+            group.signal_all(signal.SIGKILL)
+            await asyncio.wait(pending, timeout=5.0)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("worker slot failed", exc_info=task.exception())
+        await runner.cleanup()
+        reserved.close()
+
+
+async def serve_group(settings: Settings) -> None:
+    """`taotrace serve --workers N`: run the group until SIGTERM or SIGINT, then drain it."""
+    shutdown = Shutdown().install()
+    async with supervising(settings) as group:
+        log.info(
+            "taotrace proxy on %s (%d workers, pids %s) -> %s; metrics on %s/metrics",
+            group.proxy_url, settings.workers, " ".join(map(str, group.pids())), settings.upstream, group.metrics_url,
+        )  # fmt: skip
+        await shutdown.wait()
+        log.info(
+            "draining %d workers: up to %gs; a second Ctrl-C or SIGTERM cuts them now",
+            settings.workers,
+            settings.drain_seconds,
+        )
+        asyncio.get_running_loop().create_task(_cut_on(shutdown.now, group))
+
+
+async def _cut_on(now: asyncio.Event, group: Group) -> None:
+    await now.wait()
+    group.cut()

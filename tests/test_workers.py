@@ -1,0 +1,248 @@
+"""`--workers N`: worker processes on one port, one supervisor aggregating /metrics.
+
+The supervisor runs in the test's process (`supervising`), the workers are real processes; the
+forwarding and metrics suites also run against a group (`proxy_workers` in test_forwarding.py,
+test_metrics.py), and the SIGTERM drain test in test_failures.py runs `taotrace serve --workers 2`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.settings import Settings, usable_cores
+from proxy.workers.supervisor import Group, supervising, worker_env
+from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
+
+SLOW = chat_stream(40)  # 40 tokens, 50 ms apart: ~2 s per stream
+
+
+def settings(upstream: FakeUpstream, **overrides: object) -> Settings:
+    base: dict[str, object] = {
+        "upstream": upstream.url,
+        "port": 0,
+        "metrics_port": 0,
+        "drain_seconds": 2.0,
+        "workers": 2,
+    }
+    return Settings(**{**base, **overrides})
+
+
+async def scrape(group: Group) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as s, s.get(group.metrics_url + "/metrics") as r:
+        text = await r.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def stream(url: str) -> bytes | None:
+    """One streamed request on its own connection; None when the connection was cut."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        try:
+            async with s.post(url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+                return await r.read()
+        except aiohttp.ClientPayloadError:
+            return None
+
+
+async def eventually(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def slow_upstream() -> AsyncIterator[FakeUpstream]:
+    fake = await FakeUpstream(stream_handler(SLOW, gap=0.05)).start()
+    yield fake
+    await fake.close()
+
+
+async def test_requests_spread_over_workers_and_metrics_sum(slow_upstream: FakeUpstream) -> None:
+    records: list[object] = []
+    async with supervising(settings(slow_upstream), on_record=records.append) as group:
+        assert group.readiness() == "ready" and len(group.pids()) == 2
+        tasks = [asyncio.ensure_future(stream(group.proxy_url)) for _ in range(12)]
+
+        async def all_in_flight() -> bool:  # the gauge is the sum of both workers' counts
+            return (await scrape(group)).get(("taotrace_in_flight_requests", (("api", "chat_completions"),))) == 12
+
+        await eventually(all_in_flight)
+        assert all(w.in_flight.get("chat_completions") for w in group.workers), "one worker got every connection"
+        bodies = await asyncio.gather(*tasks)
+        assert all(b == b"".join(SLOW) for b in bodies)
+
+        async def all_recorded() -> bool:
+            return len(records) == 12
+
+        await eventually(all_recorded)
+        samples = await scrape(group)
+        key = (("api", "chat_completions"), ("error_type", ""), ("model", "m"), ("status_code", "200"))
+        assert samples[("taotrace_requests_total", key)] == 12
+        labels = (("api", "chat_completions"), ("model", "m"))
+        assert samples[("taotrace_time_to_first_token_seconds_count", labels)] == 12
+        assert samples[("taotrace_inter_token_latency_seconds_count", labels)] == 12 * 39
+        assert samples[("taotrace_in_flight_requests", (("api", "chat_completions"),))] == 0
+        assert samples[("taotrace_worker_restarts_total", ())] == 0
+
+
+async def test_kill_9_cuts_only_that_workers_streams_and_it_is_restarted(slow_upstream: FakeUpstream) -> None:
+    async with supervising(settings(slow_upstream)) as group:
+        tasks = [asyncio.ensure_future(stream(group.proxy_url)) for _ in range(16)]
+
+        async def both_busy() -> bool:
+            await asyncio.sleep(0)
+            return sum(sum(w.in_flight.values()) for w in group.workers) == 16 and all(
+                w.in_flight for w in group.workers
+            )
+
+        await eventually(both_busy)
+        victim = group.workers[0]
+        assert victim.proc is not None
+        on_victim = int(sum(victim.in_flight.values()))
+        old_pid = victim.proc.pid
+        os.kill(old_pid, signal.SIGKILL)
+        bodies = await asyncio.gather(*tasks)
+        cut = [b for b in bodies if b is None]
+        whole = [b for b in bodies if b == b"".join(SLOW)]
+        assert len(cut) == on_victim and len(whole) == 16 - on_victim, (len(cut), len(whole), on_victim)
+
+        async def restarted() -> bool:
+            await asyncio.sleep(0)
+            return group.readiness() == "ready" and victim.proc is not None and victim.proc.pid != old_pid
+
+        await eventually(restarted)
+        assert (await scrape(group))[("taotrace_worker_restarts_total", ())] == 1
+        assert await stream(group.proxy_url) == b"".join(SLOW)  # the group serves again
+
+
+async def test_each_worker_exports_its_own_spans_with_its_instance_id(slow_upstream: FakeUpstream) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    slow_upstream.handler = stream_handler(chat_stream(3))
+    sink = await OTLPSink().start()
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    try:
+        async with supervising(settings(slow_upstream), env=env) as group:
+            await asyncio.gather(*(stream(group.proxy_url) for _ in range(20)))
+
+            async def spans_in() -> bool:
+                await asyncio.sleep(0)
+                return len(sink.spans()) >= 20 * 4
+
+            await eventually(spans_in)
+        instances = set()
+        for payload in sink.payloads:
+            req = ExportTraceServiceRequest()
+            req.ParseFromString(payload)
+            for rs in req.resource_spans:
+                attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
+                instances.add(attrs["service.instance.id"])
+                assert attrs["service.name"] == "taotrace"
+        assert len(instances) == 2, instances
+    finally:
+        await sink.close()
+
+
+def test_worker_env_keeps_a_given_instance_id_apart_per_worker() -> None:
+    env = worker_env(1, {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,service.instance.id=pod-a"})
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "deployment.environment=prod,service.instance.id=pod-a-1"
+    generated = {worker_env(i, {})["OTEL_RESOURCE_ATTRIBUTES"] for i in range(2)}
+    assert len(generated) == 2 and all(g.startswith("service.instance.id=") for g in generated)
+
+
+def test_workers_setting() -> None:
+    assert Settings(workers="auto").workers == usable_cores() >= 1
+    assert Settings(workers="3").workers == 3
+    with pytest.raises(ValueError):
+        Settings(workers=0)
+    with pytest.raises(ValueError):
+        Settings(workers="many")
+
+
+async def test_a_taken_port_is_a_clear_error(slow_upstream: FakeUpstream) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            async with supervising(settings(slow_upstream, port=taken.getsockname()[1])):
+                pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_second_signal_cuts_the_drain_at_once(tmp_path, workers: int) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "cut_client.py"
+    script.write_text(CUT_CLIENT)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run(
+        [sys.executable, str(script), str(workers)], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK" in result.stdout
+
+
+CUT_CLIENT = r"""
+import asyncio, os, signal, socket, sys, time, aiohttp
+sys.path.insert(0, os.getcwd())
+from tests.fakes import FakeUpstream, chat_stream, stream_handler
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+async def main(workers):
+    up = await FakeUpstream(stream_handler(chat_stream(200), gap=0.05)).start()  # ~10 s streams
+    port, mport = str(free_port()), str(free_port())
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", "serve", "--upstream", up.url,
+        "--port", port, "--metrics-port", mport, "--drain-seconds", "30", "--workers", workers)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(400):
+            try:
+                async with s.get(f"http://127.0.0.1:{mport}/readyz") as r:
+                    if r.status == 200: break
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        async def one():
+            try:
+                async with aiohttp.ClientSession() as c:
+                    async with c.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "stream": True}) as r:
+                        await r.read()
+                        return "whole"
+            except aiohttp.ClientPayloadError:
+                return "cut"
+        tasks = [asyncio.ensure_future(one()) for _ in range(6)]
+        await asyncio.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        t_second = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*tasks)
+        assert results == ["cut"] * 6, results
+        rc = await asyncio.wait_for(proc.wait(), 15)
+        took = time.monotonic() - t_second
+        assert rc == 0, rc
+        assert took < 5, took  # far from the 30 s drain
+    await up.close()
+    print("OK")
+
+asyncio.run(main(sys.argv[1]))
+"""
