@@ -130,11 +130,13 @@ class _Supervisor:
         group: Group,
         observers: Sequence[Callable[[RequestRecord], None]],
         env: Mapping[str, str],
+        command: Sequence[str],
     ) -> None:
         self.settings = settings
         self.group = group
         self.observers = tuple(observers)
         self.env = env
+        self.command = tuple(command)
 
     def _apply(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -173,7 +175,7 @@ class _Supervisor:
             worker.started = time.monotonic()
             try:
                 worker.proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "proxy.workers.worker", str(child.fileno()),
+                    *self.command, str(child.fileno()),
                     pass_fds=(child.fileno(),), start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
                     env=worker_env(worker.index, self.env),
                 )  # fmt: skip
@@ -207,19 +209,20 @@ async def supervising(
     registry: CollectorRegistry | None = None,
     env: Mapping[str, str] | None = None,
     ready_timeout: float = 60.0,
+    worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
 ) -> AsyncIterator[Group]:
     """Start `settings.workers` workers and the group's metrics port; drain them all on exit.
 
-    Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so)."""
+    Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
+    `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it."""
     reserved = reserve_port(settings.host, settings.port)
     host, port = reserved.getsockname()[:2]
     worker_settings = settings.model_copy(update={"port": port})
     metrics = metrics_for(settings, registry)
     host_part = f"[{host}]" if ":" in host else host
     group = Group(f"http://{host_part}:{port}", "", metrics, [_Worker(i) for i in range(settings.workers)])
-    supervisor = _Supervisor(
-        worker_settings, group, [] if on_record is None else [on_record], os.environ if env is None else env
-    )
+    observers = [] if on_record is None else [on_record]
+    supervisor = _Supervisor(worker_settings, group, observers, os.environ if env is None else env, worker_command)
     runner = GuardedAppRunner(
         create_metrics_app(metrics.registry.render, group.readiness), access_log=None, shutdown_timeout=1.0
     )
