@@ -1,11 +1,14 @@
-"""Side-by-side overhead benchmark: direct vs nginx vs taotrace (export on/off) vs LiteLLM.
+"""Side-by-side overhead benchmark: direct vs nginx vs taotrace (export on/off, 1 or 2 workers) vs LiteLLM.
 
     make bench                      # full run (~15 min on 2 cores)
     make bench ARGS=--quick         # ~2 min, for iteration
     python tests/bench/run.py --help
 
 Everything runs on loopback. The bench upstream (`upstream.py`), the OTLP sink and this client
-share core 0; the proxy under test gets core 1 to itself (`taskset`). Arms are interleaved batch
+share core 0; the proxy under test gets core 1 to itself (`taskset`), except the two-worker arms
+(`taotrace-w2`: `--workers 2`; `nginx-w2`: `worker_processes 2`), which get both cores and so
+share core 0 with the load. After the sweep, each arm's throughput at saturation: 16-token
+streams, 256 started together, batch after batch (`--saturation-seconds`). Arms are interleaved batch
 by batch (A B C D E, B C D E A, ...), after a discarded warm-up. A batch is C streams started
 together on pre-opened keep-alive connections; TTFT runs from the moment a request is written
 to the arrival of the first token event. Proxy CPU comes from /proc/<pid>/task/*/schedstat
@@ -44,8 +47,13 @@ from procs import Proc, free_port, wait_port  # noqa: E402
 
 PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
-ARM_ORDER = ("direct", "nginx", "taotrace", "taotrace-metrics", "taotrace-noexport", "taotrace-baseline", "litellm")
+ARM_ORDER = (
+    "direct", "nginx", "nginx-w2", "taotrace", "taotrace-w2", "taotrace-metrics", "taotrace-noexport",
+    "taotrace-baseline", "litellm",
+)  # fmt: skip
+BOTH_CPUS = "0,1"  # the two-worker arms run on both cores (beside the load generator on core 0)
 HOLD_TOKENS = 4
+SATURATION = 256  # streams at a time in the throughput test: more than one core forwards
 MS = 1e6  # ns per ms
 
 # --------------------------------------------------------------------------------------- plan
@@ -62,6 +70,7 @@ class Plan:
     hold: int
     ttft_ms: float
     interval_ms: float
+    saturation_seconds: float = 8.0  # per arm: 16-token streams, SATURATION at a time, back to back
 
     def reps(self, conc: int, tokens: int) -> int:
         """Batches per arm per round: many short streams (TTFT p99), few long ones (CPU, gaps)."""
@@ -79,7 +88,7 @@ class Plan:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     quick = args.quick
-    conc = tuple(args.concurrency or (1, 8, 32, 128))
+    conc = tuple(args.concurrency or (1, 8, 32, 128, 1000))
     lengths = tuple(args.lengths or ((16, 256) if quick else (16, 256, 1024)))
     return Plan(
         concurrency=conc,
@@ -89,6 +98,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         hold=args.hold or (300 if quick else 1000),
         ttft_ms=args.ttft_ms,
         interval_ms=args.interval_ms,
+        saturation_seconds=args.saturation_seconds if args.saturation_seconds is not None else (4.0 if quick else 8.0),
     )
 
 
@@ -154,6 +164,7 @@ class Bench:
         # (arm, concurrency) -> [request sum, request count, relay sum, relay count] of the arm's own
         # taotrace_proxy_overhead_seconds over that concurrency's measured batches
         self.overhead: dict[tuple[str, int], list[float]] = {}
+        self.throughput: dict[str, dict[str, float]] = {}
 
     # ------------------------------------------------------------------ processes
     def log(self, msg: str) -> None:
@@ -193,9 +204,10 @@ class Bench:
         upstream_url = f"http://127.0.0.1:{self.upstream_port}"
         if "direct" in wanted:
             self.arms["direct"] = Arm("direct", self.upstream_port)
-        if "nginx" in wanted:
-            self._start_nginx(env)
-        for name in ("taotrace", "taotrace-metrics", "taotrace-noexport"):
+        for name in ("nginx", "nginx-w2"):
+            if name in wanted:
+                self._start_nginx(env, name)
+        for name in ("taotrace", "taotrace-w2", "taotrace-metrics", "taotrace-noexport"):
             if name in wanted:
                 self._start_taotrace(name, env, upstream_url)
         if self.args.baseline:
@@ -204,7 +216,7 @@ class Bench:
             self._start_litellm(env)
         self.arms = {n: self.arms[n] for n in ARM_ORDER if n in self.arms}
 
-    def _start_nginx(self, env: dict[str, str]) -> None:
+    def _start_nginx(self, env: dict[str, str], name: str = "nginx") -> None:
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx is None and not self.args.no_install and os.geteuid() == 0:
             self.log("installing nginx (apt-get)")
@@ -216,9 +228,10 @@ class Bench:
             )
             nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
         if nginx is None:
-            self.skipped["nginx"] = "nginx not installed (apt-get install nginx)"
+            self.skipped[name] = "nginx not installed (apt-get install nginx)"
             return
-        prefix = self.out / "nginx"
+        workers = 2 if name == "nginx-w2" else 1
+        prefix = self.out / name
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (prefix / "tmp" / sub).mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -229,19 +242,21 @@ class Bench:
                 prefix=prefix,
                 port=port,
                 upstream_port=self.upstream_port,
-                affinity="1" + "0" * int(PROXY_CPU),  # bit mask: core PROXY_CPU
+                workers=workers,
+                # bit masks: core PROXY_CPU alone, or one core per worker
+                affinity="01 10" if workers == 2 else "1" + "0" * int(PROXY_CPU),
             )
         )
         (prefix / "nginx.conf").write_text(conf)
         proc = Proc(
-            "nginx",
+            name,
             [nginx, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")],
-            self.out / "nginx.log",
-            cpus=PROXY_CPU,
+            self.out / f"{name}.log",
+            cpus=BOTH_CPUS if workers == 2 else PROXY_CPU,
             env=env,
         )
         self._start(proc, port)
-        self.arms["nginx"] = Arm("nginx", port, proc)
+        self.arms[name] = Arm(name, port, proc)
 
     def _export_baseline(self, ref: str) -> Path:
         """`proxy/` as of a git ref, unpacked beside the results (the repository is not touched).
@@ -286,11 +301,25 @@ class Bench:
             penv.update(OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="5000")
         if name == "taotrace-baseline":
             penv.update(kv.split("=", 1) for kv in self.args.baseline_env)  # type: ignore[misc]
+        argv = [
+            PY,
+            "-m",
+            "proxy",
+            "serve",
+            "--upstream",
+            upstream_url,
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(mport),
+        ]
+        if name == "taotrace-w2":
+            argv += ["--workers", "2"]
         proc = Proc(
             name,
-            [PY, "-m", "proxy", "serve", "--upstream", upstream_url, "--port", str(port), "--metrics-port", str(mport)],
+            argv,
             self.out / f"{name}.log",
-            cpus=PROXY_CPU,
+            cpus=BOTH_CPUS if name == "taotrace-w2" else PROXY_CPU,
             env=penv,
             cwd=str(src),
         )
@@ -417,6 +446,26 @@ class Bench:
                 arm.rss[f"after_round_{rnd + 1}"] = arm.rss_kib()
             self.log(f"round {rnd + 1}/{self.plan.rounds} done in {time.monotonic() - t0:.0f}s")
 
+    async def saturation(self, arm: Arm) -> None:
+        """Requests/s of 16-token streams, SATURATION started together, batch after batch."""
+        if self.plan.saturation_seconds <= 0:
+            return
+        self._close_pending(arm)
+        cpu0, t0, ok, total = arm.cpu(), time.monotonic(), 0, 0
+        while time.monotonic() - t0 < self.plan.saturation_seconds:
+            results = await self.batch(arm, SATURATION, 16, record=False)
+            ok += sum(s.ok and s.exact for s in results)
+            total += len(results)
+        elapsed = time.monotonic() - t0
+        cpu = (arm.cpu() - cpu0) / 1e9
+        self.throughput[arm.name] = {
+            "requests_per_s": ok / elapsed,
+            "streams": total,
+            "byte_exact": ok,
+            "cpu_cores": cpu / elapsed if arm.proc else 0.0,
+        }
+        self.log(f"saturation {arm.name:18} {ok / elapsed:7.0f} req/s ({ok}/{total} exact), {cpu / elapsed:.2f} cores")
+
     async def hold_test(self, arm: Arm) -> None:
         """Hold N streams open after their first token; RSS per stream; then finish them all."""
         n = self.plan.hold
@@ -516,6 +565,8 @@ class Bench:
             f"x {self.plan.rounds} rounds (~{est:.0f}s if no arm is overloaded)"
         )
         await self.sweep()
+        for arm in self.arms.values():
+            await self.saturation(arm)
         for arm in self.arms.values():
             await self.hold_test(arm)
         await self.collect_checks()
@@ -664,7 +715,7 @@ def reduce(bench: Bench) -> dict[str, object]:
             info["hold"] = bench.hold[name]
         arms[name] = info
 
-    return {"rows": rows, "by_concurrency": by_conc, "arms": arms}
+    return {"rows": rows, "by_concurrency": by_conc, "arms": arms, "throughput": bench.throughput}
 
 
 def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
@@ -712,6 +763,23 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
         f"== {plan.hold}",
         None if ok is None else ok == plan.hold and not h.get("errors"),
     )
+    # issue 15: taotrace --workers 2 on the 2-core machine
+    w2 = "taotrace-w2"
+    e = bc.get((w2, 128))
+    v = e.get("added_ttft_p99_ms") if e else None
+    add("[w2] added TTFT p99 @ 128 streams", v, "<= 8 ms", None if v is None else v <= 8.0)
+    a2 = arms.get(w2, {})
+    v = a2.get("cpu_fit_us_per_event")
+    add("[w2] CPU per forwarded event (marginal)", v, "<= 20 us", None if v is None else v <= 20)
+    cells = [r for r in result["rows"] if r["arm"] == w2 and r["concurrency"] == 1000]  # type: ignore[union-attr,index]
+    if cells:
+        streams = sum(r["streams"] for r in cells)
+        exact = sum(r["byte_exact"] for r in cells)
+        add("[w2] 1,000 streams started together, byte-exact", exact, f"== {streams}", exact == streams)
+    else:
+        add("[w2] 1,000 streams started together, byte-exact", None, "all", None)
+    v = a2.get("hold", {}).get("kib_per_stream")
+    add(f"[w2] RSS per idle open stream ({plan.hold} held)", v, "<= 24 KiB", None if v is None else v <= 24)
     return out
 
 
@@ -797,7 +865,16 @@ def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
         for k, v in result["ratios"].items():  # type: ignore[union-attr]
             print(f"  {k}: {fmt(v, 1)}")
     print()
-    print("targets (taotrace, telemetry on):")
+    if result.get("throughput"):
+        print()
+        print(f"throughput at saturation: 16-token streams, {SATURATION} started together, batch after batch:")
+        for name, t in result["throughput"].items():  # type: ignore[union-attr]
+            print(
+                f"  {name:18} {t['requests_per_s']:7.0f} req/s  ({t['byte_exact']}/{t['streams']} byte-exact, {t['cpu_cores']:.2f} cores)"
+            )
+        print("  (direct: what the client and upstream on core 0 can drive; an arm near it is client-bound)")
+    print()
+    print("targets (taotrace, telemetry on; [w2]: taotrace --workers 2):")
     for t in result["targets"]:  # type: ignore[union-attr]
         mark = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
         print(f"  [{mark}] {t['target']}: {fmt(t['value'], 2)} (target {t['limit']})")
@@ -832,6 +909,22 @@ def ratios(result: dict[str, object]) -> dict[str, float]:
             ll = bc.get(("litellm", conc), {}).get(key)
             if ll is not None:
                 out[f"litellm / taotrace, added TTFT {q} @ {conc}"] = max(ll, 0.01) / max(tv, 0.01)
+    for conc in concs:  # two workers each: taotrace --workers 2 against nginx worker_processes 2
+        t, n = bc.get(("taotrace-w2", conc)), bc.get(("nginx-w2", conc))
+        for q in ("p50", "p99"):
+            key = f"added_ttft_{q}_ms"
+            if t and n and t.get(key) is not None and n.get(key) is not None:
+                out[f"taotrace-w2 - nginx-w2, added TTFT {q} @ {conc} (ms)"] = t[key] - n[key]
+    tp = result.get("throughput", {})
+    for one, two in (("taotrace", "taotrace-w2"), ("nginx", "nginx-w2")):
+        a, b = tp.get(one, {}).get("requests_per_s"), tp.get(two, {}).get("requests_per_s")  # type: ignore[union-attr]
+        if a and b:
+            out[f"scaling 1 -> 2 workers, {one} (req/s ratio)"] = b / a
+    for name in ("taotrace", "taotrace-w2"):
+        n = "nginx-w2" if name.endswith("w2") else "nginx"
+        a, b = tp.get(name, {}).get("requests_per_s"), tp.get(n, {}).get("requests_per_s")  # type: ignore[union-attr]
+        if a and b:
+            out[f"throughput {name} / {n}"] = a / b
     arms = result["arms"]  # type: ignore[assignment]
     tcpu = arms.get("taotrace", {}).get("cpu_fit_us_per_event")
     for other in ("nginx", "litellm"):
@@ -889,6 +982,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help="measured rounds (after the warm-up)")
     ap.add_argument("--samples", type=int, help="TTFT samples per cell per round at 16 tokens")
     ap.add_argument("--hold", type=int, help="idle streams held open for the memory test")
+    ap.add_argument(
+        "--saturation-seconds",
+        type=float,
+        help="per arm, 16-token streams 256 at a time (default 8; --quick 4; 0: skip)",
+    )
     ap.add_argument("--ttft-ms", type=float, default=20.0, help="upstream time to first token")
     ap.add_argument("--interval-ms", type=float, default=5.0, help="upstream inter-token interval")
     ap.add_argument(
