@@ -97,8 +97,13 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxied]]
 @pytest.fixture
 def proxy_workers(request: pytest.FixtureRequest) -> int:
     """1: the proxy in this process. A module runs its tests in both modes with
-    `pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)`."""
-    return int(getattr(request, "param", 1))
+    `pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)`; a test that
+    reads what only the proxy's own process has (its log records, in-memory spans) is marked
+    `@pytest.mark.one_process` and skipped with workers."""
+    workers = int(getattr(request, "param", 1))
+    if workers > 1 and request.node.get_closest_marker("one_process"):
+        pytest.skip("reads the proxy process's own logs or spans; workers have theirs")
+    return workers
 
 
 @pytest.fixture

@@ -190,6 +190,7 @@ async def test_a_slow_client_slows_the_upstream_instead_of_filling_the_proxy(pro
     assert finished and finished[0] > resumed
 
 
+@pytest.mark.one_process
 async def test_an_upstream_ending_in_v1_with_v1_requests_is_warned_once_and_still_forwarded(
     start_proxy: ProxyFactory, upstream: FakeUpstream, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -208,6 +209,7 @@ async def test_an_upstream_ending_in_v1_with_v1_requests_is_warned_once_and_stil
     assert [s.path_qs for s in upstream.seen] == ["/v1/v1/chat/completions?x=1"] * 3  # forwarding unchanged
 
 
+@pytest.mark.one_process
 @pytest.mark.parametrize(
     ("base", "path"), [("", "/v1/chat/completions"), ("/v1", "/chat/completions"), ("/api", "/v1/models")]
 )

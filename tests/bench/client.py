@@ -19,6 +19,7 @@ from payload import expected_body, expected_text
 
 MODEL = "bench-model"
 HOLD_MODEL = "bench-hold"
+SATURATE_MODEL = "bench-saturate"  # the bench upstream paces it at 1 ms per token
 
 
 def request_bytes(host: str, port: int, path: str, model: str, n_tokens: int) -> bytes:

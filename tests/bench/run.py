@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-from client import HOLD_MODEL, MODEL, Pool, StreamStats, analyse, request_bytes  # noqa: E402
+from client import HOLD_MODEL, MODEL, SATURATE_MODEL, Pool, StreamStats, analyse, request_bytes  # noqa: E402
 from payload import run as aio_run  # noqa: E402
 from procs import Proc, free_port, wait_port  # noqa: E402
 
@@ -447,13 +447,14 @@ class Bench:
             self.log(f"round {rnd + 1}/{self.plan.rounds} done in {time.monotonic() - t0:.0f}s")
 
     async def saturation(self, arm: Arm) -> None:
-        """Requests/s of 16-token streams, SATURATION started together, batch after batch."""
+        """Requests/s of 16-token streams, SATURATION started together, batch after batch; the
+        upstream paces these at 1 ms per token, so the proxy's CPU is what limits the rate."""
         if self.plan.saturation_seconds <= 0:
             return
         self._close_pending(arm)
         cpu0, t0, ok, total = arm.cpu(), time.monotonic(), 0, 0
         while time.monotonic() - t0 < self.plan.saturation_seconds:
-            results = await self.batch(arm, SATURATION, 16, record=False)
+            results = await self.batch(arm, SATURATION, 16, record=False, model=SATURATE_MODEL)
             ok += sum(s.ok and s.exact for s in results)
             total += len(results)
         elapsed = time.monotonic() - t0
@@ -867,7 +868,9 @@ def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
     print()
     if result.get("throughput"):
         print()
-        print(f"throughput at saturation: 16-token streams, {SATURATION} started together, batch after batch:")
+        print(
+            f"throughput at saturation: 16-token streams (1 ms apart), {SATURATION} started together, batch after batch:"
+        )
         for name, t in result["throughput"].items():  # type: ignore[union-attr]
             print(
                 f"  {name:18} {t['requests_per_s']:7.0f} req/s  ({t['byte_exact']}/{t['streams']} byte-exact, {t['cpu_cores']:.2f} cores)"

@@ -26,6 +26,7 @@ import orjson
 from payload import run, stream_events
 
 HOLD_MODEL = "bench-hold"
+SATURATE_MODEL = "bench-saturate"  # first token at 1 ms, then 1 ms apart: the proxy, not the pacing, limits
 _HEAD = (
     b"HTTP/1.1 200 OK\r\n"
     b"content-type: text/event-stream; charset=utf-8\r\n"
@@ -194,7 +195,10 @@ class Conn(asyncio.Protocol):
                 self._reply("200 OK", _non_stream(model, n))
                 return
             self.stats.active += 1
-            self.stream = Stream(self, model, n, self.ttft, self.interval, self.stats)
+            fast = model == SATURATE_MODEL
+            self.stream = Stream(
+                self, model, n, 0.001 if fast else self.ttft, 0.001 if fast else self.interval, self.stats
+            )
         elif path == "/bench/release":
             held = list(self.stats.held)
             self.stats.held.clear()
