@@ -117,7 +117,7 @@ def probed_worker(fd: str) -> None:
 
 def probed_serve(argv: list[str]) -> None:
     """`taotrace serve` (one process, or the supervisor of a group whose workers are probed)."""
-    from proxy.lifecycle import run_loop, stop_signalled
+    from proxy.lifecycle import Shutdown, run_loop
     from proxy.serve import configure_logging
     from proxy.settings import Settings
     from proxy.workers import supervisor
@@ -127,13 +127,14 @@ def probed_serve(argv: list[str]) -> None:
     lags: list[tuple[float, float]] = []
 
     async def main() -> None:
+        shutdown = Shutdown().install()
         task = asyncio.ensure_future(_sample(lags))
         try:
             if settings.workers > 1:
                 command = (sys.executable, __file__, "--probed-worker")
                 async with supervisor.supervising(settings, worker_command=command) as group:
                     print("LISTEN", group.proxy_url, group.metrics_url, flush=True)
-                    await stop_signalled()
+                    await shutdown.wait()
             else:
                 from proxy.serve import LOOP_SWITCH_INTERVAL, running
 
@@ -141,7 +142,7 @@ def probed_serve(argv: list[str]) -> None:
                 async with running(settings) as srv:
                     gc.freeze()
                     print("LISTEN", srv.proxy_url, srv.metrics_url, flush=True)
-                    await stop_signalled()
+                    await shutdown.wait()
         finally:
             task.cancel()
 
