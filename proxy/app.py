@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from proxy.accounting.config import Accounting
+from proxy.envproxy import forward_proxy_for
 from proxy.forward import Forwarder, Observer
 from proxy.hints import DoubledPrefix
 from proxy.settings import Settings, upstream_url
@@ -41,16 +43,19 @@ STATE_KEY = web.AppKey("state", ServerState)
 POOL_KEY = web.AppKey("pool", UpstreamPool)
 
 
-def make_pool(settings: Settings) -> UpstreamPool:
-    """The upstream connections, configured for long streams and byte-exact forwarding."""
+def make_pool(settings: Settings, environ: Mapping[str, str] = os.environ) -> UpstreamPool:
+    """The upstream connections, configured for long streams and byte-exact forwarding; through
+    the forward proxy `HTTPS_PROXY` / `HTTP_PROXY` name unless `NO_PROXY` says otherwise."""
+    upstream = upstream_url(settings.upstream)
     return UpstreamPool(
-        upstream_url(settings.upstream),
+        upstream,
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         keepalive=settings.upstream_keepalive,
         max_connections=settings.max_connections,  # 0: no hidden cap on concurrent streams
         discard_bytes=settings.upstream_discard_bytes,
         discard_seconds=settings.upstream_discard_seconds,
+        forward_proxy=forward_proxy_for(upstream, environ),
     )
 
 

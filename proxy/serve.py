@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import accounting_from, label_name
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
+from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.protocol import GuardedAppRunner
 from proxy.settings import Settings, parse_thresholds
@@ -210,9 +212,12 @@ def run(settings: Settings) -> int:
     configure_logging(settings.log_level)
     try:
         accounting_from(settings)  # a bad --prices file or --metric-label stops here, with its reason
-    except ValueError as exc:
+        forward = forward_proxy_for(upstream_url(settings.upstream), os.environ)  # a bad HTTPS_PROXY, by name
+    except ValueError as exc:  # never the proxy's credentials: the messages are built without them
         log.error("%s", exc)
         return 2
+    if forward is not None:
+        log.info("the upstream is reached through the %s", forward.where)
     try:
         if settings.workers > 1:
             from proxy.workers.supervisor import serve_group  # only a group needs it

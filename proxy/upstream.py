@@ -32,6 +32,7 @@ from typing import Any
 import httptools
 from yarl import URL
 
+from proxy.envproxy import ForwardProxy
 from proxy.errors import BodyFailure, ProxyError, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.timing import PhaseClock
 
@@ -383,6 +384,42 @@ class _Discard:
         return False
 
 
+class _TunnelOpener(asyncio.Protocol):
+    """Reads a forward proxy's answer to CONNECT: the status line and headers, nothing more."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.answer: asyncio.Future[tuple[int, str]] = loop.create_future()
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if self.answer.done():
+            return
+        if end < 0:
+            if len(self.buffer) > HEAD_LIMIT:
+                self.answer.set_exception(UpstreamUnreachable("the forward proxy sent an oversized answer to CONNECT"))
+            return
+        line = self.buffer.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            self.answer.set_exception(UpstreamUnreachable("the forward proxy answered CONNECT with something not HTTP"))
+            return
+        self.answer.set_result((int(parts[1]), parts[2].strip() if len(parts) > 2 else ""))
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(ConnectionResetError("the forward proxy closed the connection during CONNECT"))
+
+
+def _proxy_auth_wanted(forward: ForwardProxy) -> UpstreamUnreachable:
+    have = "were refused" if forward.authorization else "are missing"
+    return UpstreamUnreachable(
+        f"the {forward.where} wants credentials (407 Proxy Authentication Required) and they {have}: "
+        f"set {forward.variable}=http://USER:PASSWORD@{forward.shown.removeprefix('http://')}"
+    )
+
+
 def _broken(what: str) -> UpstreamBroken:
     return UpstreamBroken(what)  # the pool prefixes "upstream host:port" when it raises
 
@@ -401,6 +438,7 @@ class UpstreamPool:
         discard_bytes: int = 64 * 1024,
         discard_seconds: float = 1.0,
         ssl_context: ssl.SSLContext | None = None,
+        forward_proxy: ForwardProxy | None = None,
         clock: Clock = time.perf_counter,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
@@ -410,6 +448,18 @@ class UpstreamPool:
         self.port = base.port or (443 if base.scheme == "https" else 80)
         self.where = f"{self.host}:{self.port}"
         self.authority = _authority(self.host, self.port, base.scheme)
+        # Through a forward proxy: an https upstream is reached through a CONNECT tunnel (TLS end
+        # to end); an http one gets absolute-form requests (`POST http://host/path`), as curl,
+        # requests and aiohttp do. Either way the connection is opened to the proxy.
+        self.forward = forward_proxy
+        self.tunnel = forward_proxy is not None and base.scheme == "https"
+        self.target_prefix = f"http://{self.authority}" if forward_proxy is not None and not self.tunnel else ""
+        self.proxy_auth = ""
+        if forward_proxy is not None and forward_proxy.authorization and not self.tunnel:
+            self.proxy_auth = f"Proxy-Authorization: {forward_proxy.authorization}\r\n"
+        self.dial_host = forward_proxy.host if forward_proxy is not None else self.host
+        self.dial_port = forward_proxy.port if forward_proxy is not None else self.port
+        self.dial_where = forward_proxy.where if forward_proxy is not None else f"upstream {self.where}"
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.keepalive = keepalive
@@ -421,7 +471,7 @@ class UpstreamPool:
         self._free: deque[_Connection] = deque()
         self._all: set[_Connection] = set()
         self._dns: tuple[float, list[tuple[Any, ...]]] | None = None
-        self._literal = _is_ip(self.host)
+        self._literal = _is_ip(self.dial_host)
         self._closed = False
         self._discarding: set[asyncio.Task[None]] = set()  # owned here: close() cancels and awaits them
 
@@ -449,7 +499,7 @@ class UpstreamPool:
         """Send one request; returns when the response head has arrived. Raises `ProxyError`."""
         if self._closed:
             raise UpstreamUnreachable("the proxy is shutting down")
-        head = _request_head(method, target, self.authority, headers, body)
+        head = _request_head(method, self.target_prefix + target, self.authority, headers, body, self.proxy_auth)
         if self._limit is not None:  # a slot per request in flight, released by UpstreamResponse.close
             phase.mark(self.clock())
             await self._limit.acquire()
@@ -471,6 +521,9 @@ class UpstreamPool:
                 except BaseException:
                     conn.abort()  # cancelled (client gone, drain deadline) or timed out
                     raise
+                if conn.status == 407 and self.forward is not None:  # only a proxy sends 407 (RFC 9110)
+                    conn.abort()
+                    raise _proxy_auth_wanted(self.forward)
                 return UpstreamResponse(conn, self)
             raise AssertionError("unreachable")
         except BaseException:
@@ -529,12 +582,15 @@ class UpstreamPool:
             last: OSError = OSError("no address")
             for family, _type, proto, _name, sockaddr in addrs:
                 try:
-                    _t, conn = await self.loop.create_connection(
-                        lambda: _Connection(self),
-                        host=sockaddr[0], port=sockaddr[1], family=family, proto=proto,
-                        ssl=self.ssl, server_hostname=self.host if self.ssl else None,
-                        ssl_handshake_timeout=self.connect_timeout if self.ssl else None,
-                    )  # fmt: skip
+                    if self.tunnel:
+                        conn = await self._tunnel(family, proto, sockaddr)
+                    else:
+                        _t, conn = await self.loop.create_connection(
+                            lambda: _Connection(self),
+                            host=sockaddr[0], port=sockaddr[1], family=family, proto=proto,
+                            ssl=self.ssl, server_hostname=self.host if self.ssl else None,
+                            ssl_handshake_timeout=self.connect_timeout if self.ssl else None,
+                        )  # fmt: skip
                 except OSError as exc:
                     last = exc  # try the next address, as aiohttp and curl do
                 else:
@@ -545,15 +601,16 @@ class UpstreamPool:
         try:
             conn = await asyncio.wait_for(connect(), self.connect_timeout)
         except asyncio.TimeoutError:
+            via = f" through the {self.forward.where}" if self.forward is not None else ""
             raise UpstreamTimeout(
-                f"connecting to upstream {self.where} timed out after {self.connect_timeout:g}s"
+                f"connecting to upstream {self.where}{via} timed out after {self.connect_timeout:g}s"
             ) from None
         except ssl.SSLError as exc:
             raise UpstreamUnreachable(
                 f"TLS handshake with upstream {self.where} failed ({type(exc).__name__})"
             ) from None
         except OSError as exc:
-            raise UpstreamUnreachable(f"cannot connect to upstream {self.where} ({type(exc).__name__})") from None
+            raise UpstreamUnreachable(f"cannot connect to {self.dial_where} ({type(exc).__name__})") from None
         if self._closed:
             conn.abort()
             raise UpstreamUnreachable("the proxy is shutting down")
@@ -565,21 +622,54 @@ class UpstreamPool:
 
     async def _resolve(self, phase: PhaseClock) -> list[tuple[Any, ...]]:
         if self._literal:
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.host, self.port))]
+            family = socket.AF_INET6 if ":" in self.dial_host else socket.AF_INET
+            return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.dial_host, self.dial_port))]
         now = self.loop.time()
         if self._dns is not None and now - self._dns[0] < DNS_TTL:
             return self._dns[1]
         phase.mark(self.clock())
         try:
-            addrs = await self.loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            addrs = await self.loop.getaddrinfo(self.dial_host, self.dial_port, type=socket.SOCK_STREAM)
         except socket.gaierror:
-            raise UpstreamUnreachable(f"cannot resolve upstream host {self.host}") from None
+            raise UpstreamUnreachable(self._unresolved()) from None
         phase.dns = phase.since_mark(self.clock())
         if not addrs:
-            raise UpstreamUnreachable(f"cannot resolve upstream host {self.host}")
+            raise UpstreamUnreachable(self._unresolved())
         self._dns = (now, list(addrs))
         return self._dns[1]
+
+    def _unresolved(self) -> str:
+        if self.forward is not None:
+            return f"cannot resolve the host of the {self.forward.where}"
+        return f"cannot resolve upstream host {self.host}"
+
+    async def _tunnel(self, family: int, proto: int, sockaddr: tuple[Any, ...]) -> _Connection:
+        """TCP to the forward proxy, `CONNECT host:port`, then TLS with the upstream inside."""
+        assert self.forward is not None and self.ssl is not None
+        transport, opener = await self.loop.create_connection(
+            lambda: _TunnelOpener(self.loop), host=sockaddr[0], port=sockaddr[1], family=family, proto=proto
+        )
+        try:
+            target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+            auth = f"Proxy-Authorization: {self.forward.authorization}\r\n" if self.forward.authorization else ""
+            transport.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n".encode("latin-1"))
+            status, reason = await opener.answer
+            if status == 407:
+                raise _proxy_auth_wanted(self.forward)
+            if status // 100 != 2:
+                raise UpstreamUnreachable(
+                    f"the {self.forward.where} refused to open a tunnel to {self.where}: {status} {reason}".rstrip()
+                )
+            conn = _Connection(self)
+            tls = await self.loop.start_tls(
+                transport, conn, self.ssl, server_hostname=self.host, ssl_handshake_timeout=self.connect_timeout
+            )
+        except BaseException:
+            transport.abort()
+            raise
+        assert tls is not None
+        conn.connection_made(tls)  # start_tls hands the protocol its transport by return, not by callback
+        return conn
 
     async def close(self) -> None:
         """Drop every connection, idle or busy (called after the drain)."""
@@ -609,9 +699,12 @@ def _authority(host: str, port: int, scheme: str) -> str:
     return shown if port == default else f"{shown}:{port}"
 
 
-def _request_head(method: str, target: str, authority: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
-    """Request line and headers. `headers` are already filtered (no Host, framing or hop-by-hop)."""
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"]
+def _request_head(
+    method: str, target: str, authority: str, headers: Iterable[tuple[str, str]], body: bytes, extra: str = ""
+) -> bytes:
+    """Request line and headers. `headers` are already filtered (no Host, framing or hop-by-hop);
+    `extra`: lines of our own (a forward proxy's `Proxy-Authorization`)."""
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n{extra}"]
     for key, value in headers:
         lines.append(f"{key}: {value}\r\n")
     if body or method not in _NO_BODY_METHODS:
