@@ -174,7 +174,12 @@ async def _get(pool: UpstreamPool, path: str = "/v1/models?x=1") -> tuple[int, b
     phase = PhaseClock(time.perf_counter())
     resp = await pool.request("GET", path, [("Accept", "application/json")], b"", phase)
     body = bytearray()
-    await resp.relay(lambda chunk: body.extend(chunk) or False, _drained)
+
+    def sink(chunk: bytes) -> bool:
+        body.extend(chunk)
+        return False  # never pause
+
+    await resp.relay(sink, _drained)
     resp.close()
     return resp.status, bytes(body), phase
 
