@@ -6,6 +6,8 @@ mostly streamed, across the simulator's models, with a shared long preamble (so 
 upstream's prefix cache produces cached input tokens), plus a small share of failures that
 `taotrace sim` injects on request (`x-sim-fail`: 429, 500, 503, midstream error, cut) and of
 unknown models (404). The first round sends one of every kind, so every panel has data at once.
+Requests come from three users (the body's `user` / `metadata.user_id`) on two API keys
+(`--api-key` with `-team-a` / `-team-b` appended), so spans show who sent what.
 
     python deploy/loadgen.py --base-url http://localhost:8787 --concurrency 4 --duration 0
 
@@ -35,6 +37,8 @@ APIS = ("chat_completions", "completions", "responses", "messages")
 MODELS = ("gpt-4o-mini", "gpt-4o", "o3-mini")
 FAILURES = ("429", "500", "503", "midstream", "cut")
 UNKNOWN_MODEL = "no-such-model"
+USERS = ("alice", "bob", "carol")  # alice and bob share team-a's key, carol has team-b's
+TEAMS = {"alice": "team-a", "bob": "team-a", "carol": "team-b"}
 MAX_TOKENS = 48
 
 # Long enough to fill several KV-cache blocks: every prompt starts with it, so repeated
@@ -62,14 +66,20 @@ class Shot:
     failure: str | None = None
 
 
-def body_for(shot: Shot, question: str) -> tuple[str, dict[str, object]]:
+def body_for(shot: Shot, question: str, user: str | None = None) -> tuple[str, dict[str, object]]:
     """The path (under /v1) and JSON body of a request in the shot's dialect: the proxy's own
     client builds it (so the four dialects look as `taotrace probe` sends them); the shared
-    preamble leads the prompt, where the upstream's prefix cache can serve it."""
+    preamble leads the prompt, where the upstream's prefix cache can serve it. `user` goes where
+    each provider takes the caller's own user id."""
     path, body = request_for(Call(shot.api, shot.model, f"{PREAMBLE}\n\n{question}", MAX_TOKENS))
     if not shot.stream:
         body["stream"] = False
         body.pop("stream_options", None)
+    if user is not None:
+        if shot.api == "messages":
+            body["metadata"] = {"user_id": user}
+        else:
+            body["user"] = user
     return path, body
 
 
@@ -93,10 +103,13 @@ def random_shot(rng: random.Random, error_share: float) -> Shot:
     return Shot(api, rng.choice(MODELS), stream=rng.random() < 0.85)
 
 
-async def send(session: aiohttp.ClientSession, base_url: str, shot: Shot, question: str, api_key: str) -> str:
-    """Send one request and read the whole answer; returns an outcome word for the summary."""
-    path, body = body_for(shot, question)
-    headers = auth_headers(shot.api, api_key)
+async def send(
+    session: aiohttp.ClientSession, base_url: str, shot: Shot, question: str, api_key: str, user: str | None = None
+) -> str:
+    """Send one request (as `user`, on that user's team key) and read the whole answer; returns
+    an outcome word for the summary."""
+    path, body = body_for(shot, question, user)
+    headers = auth_headers(shot.api, f"{api_key}-{TEAMS[user]}" if user is not None else api_key)
     if shot.failure:
         headers["x-sim-fail"] = shot.failure
     try:
@@ -133,7 +146,8 @@ async def run(args: argparse.Namespace) -> Counter[str]:
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while (shot := next_shot()) is not None:
-            outcomes[await send(session, args.base_url, shot, rng.choice(QUESTIONS), args.api_key)] += 1
+            question, user = rng.choice(QUESTIONS), rng.choice(USERS)
+            outcomes[await send(session, args.base_url, shot, question, args.api_key, user)] += 1
             if args.pause > 0:
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=rng.uniform(0, 2 * args.pause))

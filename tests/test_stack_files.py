@@ -656,6 +656,11 @@ def test_loadgen_builds_every_dialect() -> None:
     assert {s.failure for s in shots} >= set(loadgen.FAILURES)
     paths = {loadgen.body_for(s, "q")[0] for s in shots}
     assert paths == {"/chat/completions", "/completions", "/responses", "/messages"}
+    # Users ride where each provider takes them (the proxy's --attribute-body-user reads them there).
+    chat, messages = (
+        loadgen.body_for(loadgen.Shot(api, "gpt-4o", True), "q", "carol")[1] for api in ("chat_completions", "messages")
+    )
+    assert chat["user"] == "carol" and messages["metadata"] == {"user_id": "carol"} and "user" not in messages
 
 
 # ------------------------------------------------------------------------------------------
