@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -29,7 +30,7 @@ SLOW = chat_stream(40)  # 40 tokens, 50 ms apart: ~2 s per stream
 
 
 def settings(upstream: FakeUpstream, **overrides: object) -> Settings:
-    base: dict[str, object] = {
+    base: dict[str, Any] = {
         "upstream": upstream.url,
         "port": 0,
         "metrics_port": 0,
