@@ -160,6 +160,24 @@ async def test_each_worker_exports_its_own_spans_with_its_instance_id(slow_upstr
         await sink.close()
 
 
+async def test_access_log_lines_come_from_the_workers_as_from_one_process(
+    slow_upstream: FakeUpstream, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Workers inherit the supervisor's stderr: the same access lines, one per request."""
+    slow_upstream.handler = stream_handler(chat_stream(3))
+    async with supervising(settings(slow_upstream, access_log=True)) as group:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(6):
+                url = group.proxy_url + "/v1/chat/completions?key=secret"
+                async with s.post(url, json={"model": "m", "stream": True}) as r:
+                    assert r.status == 200 and await r.read() == b"".join(chat_stream(3))
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if "taotrace.access" in line]
+    assert len(lines) == 6, err[-2000:]
+    assert all("POST /v1/chat/completions 200 api=chat_completions model=m" in line for line in lines)
+    assert "secret" not in err  # no query strings, as in one process
+
+
 def test_worker_env_keeps_a_given_instance_id_apart_per_worker() -> None:
     env = worker_env(1, {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,service.instance.id=pod-a"})
     assert env["OTEL_RESOURCE_ATTRIBUTES"] == "deployment.environment=prod,service.instance.id=pod-a-1"

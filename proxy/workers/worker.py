@@ -33,10 +33,13 @@ __all__ = ["Shipper", "main"]
 
 log = logging.getLogger("taotrace")
 GAUGE_PERIOD = 0.25  # seconds: in-flight counts reach the supervisor this often when they change
+# Records wait this long to travel together: pickling one alone cost 17-23 us, in a batch of 32
+# 9-12 us per record (its classes are written once per message).
+BATCH_DELAY = 0.02
 
 
 class Shipper:
-    """The worker's `Recorder`: records are batched per event-loop turn and written to the
+    """The worker's `Recorder`: records are batched (`BATCH_DELAY`) and written to the
     supervisor; the in-flight gauge is kept locally and sent as absolute counts."""
 
     def __init__(self, writer: asyncio.StreamWriter, models: ModelLabels) -> None:
@@ -50,7 +53,7 @@ class Shipper:
 
     def record(self, rec: RequestRecord) -> None:
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
         self._pending.append(rec)
 
     def _gauge(self) -> dict[str, float]:
