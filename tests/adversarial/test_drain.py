@@ -39,7 +39,9 @@ async def _refused_after(url: str, since: float) -> float:
         try:
             _, w = await asyncio.open_connection(host, int(port))
             w.close()
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, ConnectionResetError):
+            # Refused, or reset: a connect that reached the accept queue just as the listening
+            # socket closed is reset by the kernel. Either way the proxy no longer takes connections.
             return time.monotonic() - since
         await asyncio.sleep(0.01)
 
