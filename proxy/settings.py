@@ -169,7 +169,7 @@ class Settings(BaseSettings):
         min_length=16,
         max_length=1024,
         description="salt of taotrace.key.id, the HMAC-SHA256 fingerprint of the API key (set it, via "
-        "TAOTRACE_KEY_SALT, for ids that stay the same across restarts and replicas; unset: random per process)",
+        "TAOTRACE_KEY_SALT, for ids that stay the same across restarts and replicas; unset: random at start, one for all workers)",
     )
     metric_label: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

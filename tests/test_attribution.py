@@ -3,9 +3,12 @@ per-attribute metric labels (bounded; absent without --metric-label)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import sys
+import time
 
 import aiohttp
 import pytest
@@ -22,6 +25,7 @@ from proxy.accounting.attribution import (
 from proxy.accounting.config import accounting_from
 from proxy.cli import main
 from proxy.settings import Settings
+from proxy.timing import RequestRecord
 from tests.conftest import ProxyFactory
 from tests.fakes import json_handler
 
@@ -199,3 +203,38 @@ async def test_metric_labels_are_bounded_per_attribute(
     assert counts == {"alice": 2.0, "bob": 1.0, "other": 2.0}
     tokens = [line for line in text.splitlines() if line.startswith("taotrace_attributed_tokens_total{")]
     assert any('type="input"' in line and 'user_id="alice"' in line and line.endswith(" 6.0") for line in tokens)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
+async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
+    """Without --key-salt each process draws its own salt: the supervisor draws one for all its workers."""
+    from proxy.workers.supervisor import supervising
+    from tests.fakes import FakeUpstream, chat_stream, stream_handler
+
+    upstream = await FakeUpstream(stream_handler(chat_stream(10), gap=0.05)).start()
+    records: list[RequestRecord] = []
+    settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=2.0, workers=2)
+
+    async def one() -> None:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s,
+            s.post(group.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True},
+                   headers={"Authorization": "Bearer sk-one-key"}) as r,
+        ):  # fmt: skip
+            await r.read()
+
+    try:
+        async with supervising(settings, on_record=records.append) as group:
+            tasks = [asyncio.ensure_future(one()) for _ in range(12)]
+            deadline = time.monotonic() + 10
+            while not all(w.in_flight.get("chat_completions") for w in group.workers):  # both workers serve
+                assert time.monotonic() < deadline, "one worker got every connection"
+                await asyncio.sleep(0.02)
+            await asyncio.gather(*tasks)
+            while len(records) < 12:
+                assert time.monotonic() < deadline + 10
+                await asyncio.sleep(0.05)
+    finally:
+        await upstream.close()
+    ids = {dict(r.attributes)[KEY_ID] for r in records}
+    assert len(ids) == 1 and len(ids.pop()) == 12

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -35,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
 
 from proxy.app import create_metrics_app
 from proxy.lifecycle import Shutdown
@@ -217,7 +219,9 @@ async def supervising(
     `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it."""
     reserved = reserve_port(settings.host, settings.port)
     host, port = reserved.getsockname()[:2]
-    worker_settings = settings.model_copy(update={"port": port})
+    # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
+    salt = settings.key_salt if settings.key_salt is not None else SecretStr(secrets.token_hex(32))
+    worker_settings = settings.model_copy(update={"port": port, "key_salt": salt})
     metrics = metrics_for(settings, registry)
     host_part = f"[{host}]" if ":" in host else host
     group = Group(f"http://{host_part}:{port}", "", metrics, [_Worker(i) for i in range(settings.workers)])
