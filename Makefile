@@ -11,7 +11,7 @@ ARGS   ?=
 # What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
 LINT_PATHS := proxy tests deploy
 
-.PHONY: venv system-deps test lint demo serve sim bench clean
+.PHONY: venv system-deps test lint demo serve sim bench screenshots clean
 
 $(PY):
 	@$(PYTHON) -m venv $(VENV)
@@ -35,13 +35,18 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 venv: $(VENV)/.installed-dev
 
-# System tools the tests drive for real (Prometheus, promtool). Installed only when missing,
+# System tools the tests drive for real (Prometheus, promtool; chromium for the live view). Installed only when missing,
 # and only when we are root (CI is); otherwise the tests that need them say so and skip.
 system-deps:
 	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-alertmanager >/dev/null; \
 	  else echo "prometheus/promtool/amtool missing and not root: their tests will skip"; fi; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null; \
+	  else echo "chromium missing and not root: the live view's browser tests will skip"; fi; \
 	fi
 
 test: $(VENV)/.installed-test system-deps
@@ -61,6 +66,10 @@ serve: $(VENV)/.installed-runtime
 
 sim: $(VENV)/.installed-runtime
 	@$(VENV)/bin/taotrace sim $(ARGS)
+
+# The README's pictures of the live view, written by its browser test against `taotrace demo`.
+screenshots: $(VENV)/.installed-test system-deps
+	UI_SCREENSHOTS=docs $(PY) -m pytest -q tests/test_ui_browser.py
 
 bench: $(VENV)/.installed-runtime
 	@$(PY) tests/bench/run.py $(ARGS)

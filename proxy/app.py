@@ -25,6 +25,7 @@ from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry
+from proxy.ui import LiveView, add_ui_routes
 from proxy.upstream import UpstreamPool
 
 __all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_pool", "upstream_url"]
@@ -115,8 +116,16 @@ def create_proxy_app(
 Render = Callable[[bool], bytes]  # openmetrics? -> the /metrics page
 
 
-def create_metrics_app(render: Render, readiness: Callable[[], str]) -> web.Application:
-    """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`.
+def create_metrics_app(
+    render: Render,
+    readiness: Callable[[], str],
+    live: LiveView | None = None,
+    *,
+    ui_token: str | None = None,
+    trace_url: str = "",
+) -> web.Application:
+    """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`, and
+    the live view when one is given (`proxy/ui/`).
 
     `readiness()` says "ready" (200) or why not, e.g. "draining" (503).
     """
@@ -150,4 +159,6 @@ def create_metrics_app(render: Render, readiness: Callable[[], str]) -> web.Appl
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if live is not None:
+        add_ui_routes(app, live, token=ui_token, trace_url=trace_url)
     return app

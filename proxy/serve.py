@@ -33,6 +33,7 @@ from proxy.telemetry.metrics import Metrics, ModelLabels, Recorder
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
+from proxy.ui import LiveView
 
 __all__ = ["Running", "Settings", "run", "running"]
 
@@ -53,6 +54,7 @@ class Running:
     registry: CollectorRegistry
     state: ServerState
     metrics: Metrics
+    live: LiveView | None = None  # the live view, unless --no-ui
 
 
 def _bound_url(runner: web.AppRunner) -> str:
@@ -138,6 +140,12 @@ async def running(
             meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=sink.models
         )
         observers.append(genai)
+    live = None
+    if settings.ui and not worker:  # a worker's records reach the supervisor's live view instead
+        live = LiveView(
+            settings.ui_requests, in_flight=lambda: len(state.in_flight), capture_content=settings.capture_content
+        )
+        observers.append(live.observe)
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
         create_proxy_app(settings, telemetry, sink, state, observers, accounting),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
@@ -147,11 +155,15 @@ async def running(
         # request head (slowloris); this bounds idle and unfinished connections alike.
         keepalive_timeout=settings.client_keepalive,
     )
-    metrics_runner = GuardedAppRunner(
-        create_metrics_app(metrics.registry.render, lambda: "draining" if state.draining else "ready"),
-        access_log=None,
-        shutdown_timeout=1.0,
+    token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
+    metrics_app = create_metrics_app(
+        metrics.registry.render,
+        lambda: "draining" if state.draining else "ready",
+        live,
+        ui_token=token,
+        trace_url=settings.trace_url,
     )
+    metrics_runner = GuardedAppRunner(metrics_app, access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()
     await metrics_runner.setup()
     try:
@@ -160,7 +172,7 @@ async def running(
         if not worker:
             await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
             metrics_url = _bound_url(metrics_runner)
-        yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics)
+        yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics, live)
     finally:
         state.draining = True
         drained = await _drain(proxy_runner, state, settings.drain_seconds, stop_now)
@@ -191,6 +203,8 @@ async def serve(settings: Settings) -> None:
         # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
         gc.freeze()
         log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, settings.upstream, srv.metrics_url)
+        if srv.live is not None:
+            log.info("live view on %s/", srv.metrics_url)
         await shutdown.wait()
         log.info(
             "draining: up to %gs for %d requests in flight; a second Ctrl-C or SIGTERM cuts them now",

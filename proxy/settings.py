@@ -62,6 +62,20 @@ def check_thresholds(value: str) -> str:
     return value
 
 
+def check_trace_url(value: str) -> str:
+    """A trace link template: http(s), with `{trace_id}` where the id goes."""
+    if value and (not value.startswith(("http://", "https://")) or "{trace_id}" not in value):
+        raise ValueError(
+            "trace_url must be an http(s) URL containing {trace_id}, e.g. http://localhost:16686/trace/{trace_id}"
+        )
+    return value
+
+
+def empty_is_none(value: SecretStr | None) -> SecretStr | None:
+    """An empty `TAOTRACE_UI_TOKEN=` means no token, not an empty one."""
+    return None if value is not None and not value.get_secret_value().strip() else value
+
+
 def lower(value: object) -> object:
     return value.lower() if isinstance(value, str) else value
 
@@ -186,10 +200,25 @@ class Settings(BaseSettings):
         description="price table (TOML or YAML, per million tokens) for taotrace.cost and taotrace_cost_total",
     )
 
+    ui: bool = Field(True, description="serve the live view (/, /api/*) on the metrics port; --no-ui turns it off")
+    ui_token: SecretStr | None = Field(
+        None,
+        description="bearer token the live view and its API require (/metrics, /healthz, /readyz never do); "
+        "prefer TAOTRACE_UI_TOKEN over the flag, which other local users can see in the process list",
+    )
+    ui_requests: int = Field(1000, ge=1, le=100_000, description="finished requests the live view keeps (a ring)")
+    trace_url: str = Field(
+        "",
+        max_length=2048,
+        description="link each request to its trace: a URL template with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}",
+    )
+
     _split_allowlist = field_validator("model_allowlist", "attribute_header", "metric_label", mode="before")(split_csv)
     _check_thresholds = field_validator("keep_slower_than")(check_thresholds)
     _check_upstream = field_validator("upstream")(check_upstream)
     _lower_level = field_validator("log_level", mode="before")(lower)
+    _check_trace_url = field_validator("trace_url")(check_trace_url)
+    _empty_token = field_validator("ui_token")(empty_is_none)
 
     @field_validator("attribute_header")
     @classmethod

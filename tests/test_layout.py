@@ -2,12 +2,13 @@
 
     proxy/            the core: settings, app, forward, upstream, headers, sse, dialects, timing, ...
     proxy/telemetry/  spans, OTLP encoding, metrics, access log (fed finished records)
+    proxy/ui/         the live view (ring of recent records, overview window, page + JSON API)
     proxy/tools/      demo, probe, doctor: clients of an endpoint
     proxy/sim/        the simulated upstream
 
 The core never imports tools/ or sim/; sim/ imports nothing of the proxy but `proxy.lifecycle`
-(the process-lifetime helper every long-running command shares); telemetry/ never imports
-tools/ or sim/.
+(the process-lifetime helper every long-running command shares); telemetry/ and ui/ never
+import tools/ or sim/ (tools/demo may use ui/ to publish its experiments).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _imports(path: Path) -> set[str]:
 
 def _layer(module: str) -> str:
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("tools", "sim", "telemetry"):
+    if len(parts) > 1 and parts[1] in ("tools", "sim", "telemetry", "ui"):
         return parts[1]
     return "core"
 
@@ -50,7 +51,9 @@ def _modules(layer: str) -> list[Path]:
     return [f for f in files if _layer(".".join(("proxy", *f.relative_to(PKG).with_suffix("").parts))) == layer]
 
 
-@pytest.mark.parametrize("layer,forbidden", [("core", {"tools", "sim"}), ("telemetry", {"tools", "sim"})])
+@pytest.mark.parametrize(
+    "layer,forbidden", [("core", {"tools", "sim"}), ("telemetry", {"tools", "sim", "ui"}), ("ui", {"tools", "sim"})]
+)
 def test_lower_layers_never_import_tools_or_sim(layer: str, forbidden: set[str]) -> None:
     bad = []
     for path in _modules(layer):
@@ -67,6 +70,11 @@ def test_sim_imports_nothing_of_the_proxy_but_lifecycle() -> None:
             if _layer(module) != "sim" and module != "proxy.lifecycle" and not module.startswith("proxy.lifecycle."):
                 bad.append(f"{path.relative_to(PKG)} imports {module}")
     assert not bad, bad
+
+
+def test_ui_ships_its_static_files_as_package_data() -> None:
+    names = {p.name for p in (PKG / "ui" / "static").iterdir()}
+    assert {"index.html", "app.js", "charts.js", "style.css"} <= names
 
 
 def test_importing_the_parsers_does_not_load_the_server_or_opentelemetry() -> None:

@@ -28,7 +28,7 @@ from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.timing import RequestRecord
 from proxy.tools.client import Call, api_name, auth_headers, measure
-from proxy.tools.experiments import Run, RunResult, format_report, plan, to_json
+from proxy.tools.experiments import Run, RunResult, format_report, plan, plot_json, to_json
 
 __all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
 
@@ -168,10 +168,11 @@ def _sim_kv(sim: SimRunning) -> Callable[[str | None], int | None]:
     return lookup
 
 
-def _how_to(proxy_url: str, metrics_url: str, upstream: str) -> str:
+def _how_to(proxy_url: str, metrics_url: str, upstream: str, live: bool) -> str:
     return (
         f"\nThe proxy keeps running: {proxy_url} -> {upstream}\n"
-        f"  metrics:        {metrics_url}/metrics\n"
+        + (f"  live view:      {metrics_url}/#demo   (requests, waterfalls, the plots)\n" if live else "")
+        + f"  metrics:        {metrics_url}/metrics\n"
         f"  OpenAI tools:   OPENAI_BASE_URL={proxy_url}/v1 OPENAI_API_KEY=anything\n"
         f"  Anthropic SDK:  ANTHROPIC_BASE_URL={proxy_url}\n"
         f"  measure:        taotrace probe --base-url {proxy_url}/v1 --prompt-repeat 40\n"
@@ -254,11 +255,13 @@ async def demo(
             )
             out.write(f"taotrace demo: {len(results)} streaming runs through the proxy to {where}\n\n")
             out.write(format_report(results) + "\n")
+        if srv.live is not None:
+            srv.live.publish_experiments(plot_json(results, format_report(results)))
         if failed is not None:
             print(f"demo: {failed.run.experiment} {failed.run.label} failed: {failed.client.error}", file=sys.stderr)
             return 1, results
         if not settings.once:
-            out.write(_how_to(srv.proxy_url, srv.metrics_url, upstream))
+            out.write(_how_to(srv.proxy_url, srv.metrics_url, upstream, srv.live is not None))
             out.flush()
             if until is not None:
                 await until()

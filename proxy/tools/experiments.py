@@ -24,7 +24,8 @@ from proxy.tools.client import Measurement
 from proxy.tools.table import align, cell
 
 __all__ = [
-    "COLUMNS", "EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "summaries", "to_json"
+    "COLUMNS", "EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "plot_json", "summaries",
+    "to_json",
 ]  # fmt: skip
 
 EXPERIMENTS = ("input_length", "prefix_cache", "model_size")
@@ -134,6 +135,26 @@ def to_json(results: Sequence[RunResult]) -> dict[str, Any]:
             if any(r.run.experiment == name for r in results)
         ]
     }
+
+
+def plot_json(results: Sequence[RunResult], report: str) -> dict[str, Any]:
+    """What the live view plots: each run as the proxy recorded it (the spans' numbers), by trace id."""
+    runs = []
+    for r in results:
+        rec = r.record
+        runs.append(
+            {
+                "experiment": r.run.experiment,
+                "label": r.run.label,
+                "model": r.run.model,
+                "trace_id": rec.trace_id if rec else None,
+                "input_tokens": rec.usage.input_tokens if rec else None,
+                "cached_input_tokens": rec.usage.cached_input_tokens if rec else None,
+                "ttft_s": rec.timing.ttft if rec else None,
+                "tpot_s": rec.timing.tpot if rec else None,
+            }
+        )
+    return {"runs": runs, "report": report}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

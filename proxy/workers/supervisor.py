@@ -1,6 +1,6 @@
 """`taotrace serve --workers N`: N serving processes on one port, one supervisor for the group.
 
-    supervisor: /metrics /healthz /readyz for the group; Metrics fed by every worker's records
+    supervisor: /metrics /healthz /readyz and the live view for the group, fed by every worker's records
       │   one socketpair per worker: ("records", [RequestRecord...], {api: in flight}) ──┐
       ├── worker 0  `python -m proxy.workers.worker`: the proxy on :PORT (SO_REUSEPORT) ─┤
       └── worker 1  ...                                                                  ┘
@@ -45,6 +45,7 @@ from proxy.serve import metrics_for
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
 from proxy.timing import RequestRecord
+from proxy.ui import LiveView
 from proxy.workers.channel import encode, receive
 
 __all__ = ["Group", "serve_group", "supervising"]
@@ -226,9 +227,22 @@ async def supervising(
     host_part = f"[{host}]" if ":" in host else host
     group = Group(f"http://{host_part}:{port}", "", metrics, [_Worker(i) for i in range(settings.workers)])
     observers = [] if on_record is None else [on_record]
+    live = None
+    if settings.ui:  # the group's live view, fed every worker's records
+        live = LiveView(
+            settings.ui_requests,
+            in_flight=lambda: int(sum(n for w in group.workers for n in w.in_flight.values())),
+            capture_content=settings.capture_content,
+        )
+        observers.append(live.observe)
     supervisor = _Supervisor(worker_settings, group, observers, os.environ if env is None else env, worker_command)
+    token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
     runner = GuardedAppRunner(
-        create_metrics_app(metrics.registry.render, group.readiness), access_log=None, shutdown_timeout=1.0
+        create_metrics_app(
+            metrics.registry.render, group.readiness, live, ui_token=token, trace_url=settings.trace_url
+        ),
+        access_log=None,
+        shutdown_timeout=1.0,
     )
     await runner.setup()
     slots = [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]

@@ -1,0 +1,52 @@
+"""The live view's state: fed each finished record by the Forwarder's observer hook.
+
+`observe` runs on the event loop once per request, at finish, after the client has its last
+byte: an append to the ring and a few counter updates (about 2 µs; see the README).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from proxy.timing import RequestRecord
+from proxy.ui.ring import Ring
+from proxy.ui.summary import Window
+
+__all__ = ["LiveView"]
+
+log = logging.getLogger("taotrace")
+
+
+class LiveView:
+    """Recent requests (a ring), the last 15 minutes (a window), and the demo's experiments."""
+
+    def __init__(
+        self,
+        capacity: int = 1000,
+        *,
+        in_flight: Callable[[], int] = lambda: 0,
+        capture_content: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ring = Ring(capacity)
+        self.window = Window()
+        self.in_flight = in_flight
+        self.capture_content = capture_content
+        self.clock = clock
+        self.experiments: Mapping[str, Any] | None = None
+
+    def observe(self, record: RequestRecord) -> None:
+        """The Forwarder's observer: never raises into the request that just finished."""
+        try:
+            now = self.clock()
+            self.ring.add(record, now)
+            self.window.add(record, now)
+        except Exception:  # the live view must never break a request
+            log.exception("live view could not record a request")
+
+    def publish_experiments(self, experiments: Mapping[str, Any]) -> None:
+        """What `taotrace demo` ran, for the page's Demo tab (JSON-able)."""
+        self.experiments = experiments

@@ -1,0 +1,123 @@
+"""JSON for the live view's API, from ring entries. Pure.
+
+A row carries what the requests table shows; a detail carries the whole record (every field,
+so fields added to `RequestRecord` later show up without a change here), the phase spans as
+offsets from the request's start, and the inter-token gaps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from proxy.ui.ring import SERIES, Entry
+
+__all__ = ["detail", "row"]
+
+# Field names that could hold prompt or completion text: shown only with --capture-content.
+_CONTENT_WORDS = ("content", "message", "prompt", "completion", "text")
+# Monotonic-clock instants mean nothing outside the process; the spans below carry them as offsets.
+_INSTANTS = {"start", "end", "sent", "first_token", "last_token"}
+
+
+def row(e: Entry) -> dict[str, Any]:
+    """One line of the requests table."""
+    r = e.record
+    t = r.timing
+    u = r.usage
+    return {
+        "id": e.id,
+        "seq": e.seq,
+        "time": e.time,
+        "trace_id": r.trace_id,
+        "api": r.api,
+        "model": r.model,
+        "method": r.method,
+        "stream": r.stream,
+        "status": r.status_code,
+        "error_type": r.error_type,
+        "ttft": t.ttft,
+        "tpot": t.tpot,
+        "duration": t.duration,
+        "network": t.network,
+        "prefill_wait": t.prefill_wait,
+        "decode": t.decode,
+        "output_tokens": u.output_tokens,
+        "input_tokens": u.input_tokens,
+        "cached_input_tokens": u.cached_input_tokens,
+    }
+
+
+def _plain(value: object, capture_content: bool) -> Any:
+    """A record (or a part of it) as JSON-able values; unknown types become strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if f.name in _INSTANTS or f.name in SERIES:  # instants are offsets in spans; itl is `gaps`
+                continue
+            if not capture_content and any(w in f.name for w in _CONTENT_WORDS):
+                continue
+            out[f.name] = _plain(getattr(value, f.name), capture_content)
+        return out
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v, capture_content) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v, capture_content) for k, v in value.items()}
+    return str(value)
+
+
+def _spans(e: Entry) -> list[dict[str, Any]]:
+    """The root and its phase children, as the exporter builds them, in seconds from t0."""
+    r = e.record
+    t = r.timing
+    if r.operation is None:
+        name = r.method
+    else:
+        name = f"{r.operation} {r.model}" if r.model else r.operation
+    network: dict[str, Any] = {}
+    for key, value in (
+        ("taotrace.connection.reused", t.connection_reused),
+        ("taotrace.pool_wait", t.pool_wait),
+        ("taotrace.dns", t.dns),
+        ("taotrace.connect", t.connect),
+    ):
+        if value is not None:
+            network[key] = value
+    spans = [
+        {"name": name, "start": 0.0, "end": t.duration, "attributes": {}},
+        {
+            "name": "network",
+            "start": 0.0,
+            "end": t.network if t.network is not None else t.duration,
+            "attributes": network,
+        },
+    ]
+    if t.ttft is not None and t.network is not None:
+        spans.append({"name": "prefill_wait", "start": t.network, "end": t.ttft, "attributes": {}})
+        spans.append(
+            {
+                "name": "decode",
+                "start": t.ttft,
+                "end": t.ttft + (t.decode or 0.0),
+                "attributes": {"taotrace.token_events": t.token_events},
+            }
+        )
+    return spans
+
+
+def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> dict[str, Any]:
+    """Everything about one request: `/api/requests/{id}`."""
+    r = e.record
+    t = r.timing
+    return {
+        "id": e.id,
+        "seq": e.seq,
+        "time": e.time,
+        "trace_url": trace_url.replace("{trace_id}", r.trace_id) if trace_url and r.trace_id else None,
+        "record": _plain(r, capture_content),
+        "spans": _spans(e),
+        "marks": {"time_to_headers": t.time_to_headers, "ttfb": t.ttfb, "ttft": t.ttft},
+        "gaps": {"values": list(t.itl), "per_bar": e.gaps_per_bar, "count": max(0, t.token_events - 1)},
+    }

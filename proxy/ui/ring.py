@@ -1,0 +1,189 @@
+"""The recent requests the live view shows: a bounded ring of finished records. Pure.
+
+Each entry keeps the `RequestRecord` the spans and metrics were made from, so the page shows
+the same numbers as the trace. Only the per-gap series are bounded: a stream with more than
+`max_gaps` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
+stays visible); other series the view does not show (`chunk_gaps`) are dropped when longer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
+from typing import Any
+
+from proxy.timing import RequestRecord, RequestTiming
+
+__all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "distinct", "parse_query", "select"]
+
+MAX_GAPS = 256
+DEFAULT_LIMIT = 100
+# The per-token or per-chunk series of a RequestTiming (itl, chunk_gaps, ...): one float per gap,
+# so the only parts of a record whose size grows with the stream. Found once, by type.
+SERIES = tuple(f.name for f in fields(RequestTiming) if str(f.type).startswith("tuple[float"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entry:
+    """One finished request as the live view keeps it."""
+
+    seq: int  # 1, 2, ... in order of finishing
+    time: float  # wall clock (Unix seconds) when it finished
+    record: RequestRecord  # timing.itl compacted when longer than the ring's max_gaps
+    gaps_per_bar: int = 1  # each kept gap is the largest of this many consecutive gaps
+
+    @property
+    def id(self) -> str:
+        """The trace id, or the sequence number for a request that was not traced."""
+        return self.record.trace_id or str(self.seq)
+
+
+def compact_gaps(itl: tuple[float, ...], cap: int) -> tuple[tuple[float, ...], int]:
+    """At most `cap` gaps: the largest of each run of k consecutive ones, and k."""
+    n = len(itl)
+    if n <= cap:
+        return itl, 1
+    k = -(-n // cap)
+    full = n - n % k
+    out = list(map(max, zip(*[iter(itl[:full])] * k, strict=True)))  # C loops: ~40 ns per gap
+    if full < n:
+        out.append(max(itl[full:]))
+    return tuple(out), k
+
+
+class Ring:
+    """The last `capacity` finished requests, oldest dropped first."""
+
+    def __init__(self, capacity: int, max_gaps: int = MAX_GAPS) -> None:
+        self.capacity = capacity
+        self.max_gaps = max_gaps
+        self._entries: deque[Entry] = deque(maxlen=capacity)
+        self._seq = 0
+        self._series = attrgetter(*SERIES, "itl")  # two names or more: it always returns a tuple
+
+    def add(self, record: RequestRecord, now: float) -> Entry:
+        k = 1
+        timing = record.timing
+        cap = self.max_gaps
+        if max(map(len, self._series(timing))) > cap:  # long streams only; they already cost far more per token
+            changes: dict[str, Any] = {}
+            for name in SERIES:
+                series = getattr(timing, name)
+                if name == "itl":
+                    changes[name], k = compact_gaps(series, cap)
+                elif len(series) > cap:
+                    changes[name] = ()  # not shown by the view: not worth a copy
+            record = replace(record, timing=replace(timing, **changes))
+        self._seq += 1
+        entry = Entry(seq=self._seq, time=now, record=record, gaps_per_bar=k)
+        self._entries.append(entry)
+        return entry
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def snapshot(self) -> list[Entry]:
+        """Oldest first; a copy, so the caller may read it while new requests land."""
+        return list(self._entries)
+
+    def find(self, id_: str) -> Entry | None:
+        for entry in reversed(self._entries):
+            if entry.record.trace_id == id_ or (entry.record.trace_id is None and str(entry.seq) == id_):
+                return entry
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Query:
+    """A filter over the ring, from `/api/requests`' query string."""
+
+    limit: int = DEFAULT_LIMIT
+    api: str | None = None
+    model: str | None = None
+    errors: bool = False  # only requests with an error_type
+    slow: float | None = None  # only requests whose TTFT (or, without one, duration) is at least this many seconds
+    since: int = 0  # only entries with a larger seq (the page's incremental poll)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def _flag(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name} must be true or false, got {raw[:40]!r}")
+
+
+def _number(name: str, raw: str, kind: type[int] | type[float], low: float, high: float) -> float:
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw[:40]!r}") from None
+    if not low <= value <= high:  # also rejects nan
+        raise ValueError(f"{name} must be between {low:g} and {high:g}, got {raw[:40]!r}")
+    return value
+
+
+def parse_query(params: Mapping[str, str], capacity: int) -> Query:
+    """Validate the parameters; ValueError with a message fit for a 400 answer."""
+    unknown = sorted(set(params) - {"limit", "api", "model", "errors", "slow", "since"})
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0][:40]!r}: use limit, api, model, errors, slow, since")
+    limit = params.get("limit")
+    slow = params.get("slow")
+    since = params.get("since")
+    return Query(
+        limit=int(_number("limit", limit, int, 1, capacity)) if limit else min(DEFAULT_LIMIT, capacity),
+        api=params.get("api") or None,
+        model=params.get("model") or None,
+        errors=_flag("errors", params.get("errors", "")),
+        slow=_number("slow", slow, float, 0.0, 86400.0) if slow else None,
+        since=int(_number("since", since, int, 0, 2**62)) if since else 0,
+    )
+
+
+def _matches(entry: Entry, q: Query) -> bool:
+    r = entry.record
+    if entry.seq <= q.since:
+        return False
+    if q.api is not None and r.api != q.api:
+        return False
+    if q.model is not None and r.model != q.model:
+        return False
+    if q.errors and not r.error_type:
+        return False
+    if q.slow is not None:
+        t = r.timing
+        if (t.ttft if t.ttft is not None else t.duration) < q.slow:
+            return False
+    return True
+
+
+def select(entries: Sequence[Entry], q: Query) -> list[Entry]:
+    """The newest `q.limit` entries that match, newest first."""
+    found: list[Entry] = []
+    for entry in reversed(entries):
+        if entry.seq <= q.since:
+            break  # entries are in seq order
+        if _matches(entry, q):
+            found.append(entry)
+            if len(found) >= q.limit:
+                break
+    return found
+
+
+def distinct(entries: Iterable[Entry]) -> tuple[list[str], list[str]]:
+    """The apis and models present, for the page's filter menus."""
+    apis = {e.record.api for e in entries}
+    models = {e.record.model for e in entries if e.record.model}
+    return sorted(apis), sorted(m for m in models if m is not None)

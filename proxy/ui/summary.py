@@ -1,0 +1,201 @@
+"""The live view's overview: the last 15 minutes in 30-second buckets. Pure; the caller owns the clock.
+
+Each bucket counts requests, errors by `error_type`, the time spent in each phase, and per
+model a log-scale histogram of TTFT and of TPOT (buckets 10 % wide, so a percentile read from
+one is within ±5 % of the exact value). Memory is bounded by buckets × models, and models per
+bucket are capped (`other` beyond), since anyone can invent model names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.timing import RequestRecord
+
+__all__ = ["PHASES", "QUANTILES", "Window"]
+
+BUCKET_S = 30.0
+WINDOW_S = 900.0
+MAX_MODELS = 10
+QUANTILES = (0.5, 0.95, 0.99)
+_KEYS = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # "p50", "p95", "p99"
+PHASES = ("network", "prefill_wait", "decode", "tail", "response")  # response: a non-streaming answer
+_GROWTH = 1.10
+_PER_LOG = 1.0 / math.log(_GROWTH)
+
+
+def _index(value: float) -> int:
+    return math.floor(math.log(value) * _PER_LOG)
+
+
+def _quantiles(hist: dict[int, int]) -> list[float | None]:
+    """p50, p95, p99 of a log histogram: the geometric middle of the bucket each falls in."""
+    total = sum(hist.values())
+    if not total:
+        return [None] * len(QUANTILES)
+    out: list[float | None] = []
+    keys = sorted(hist)
+    for q in QUANTILES:
+        rank = q * total
+        seen = 0
+        for k in keys:
+            seen += hist[k]
+            if seen >= rank:
+                out.append(_GROWTH ** (k + 0.5))
+                break
+    return out
+
+
+def _merge(into: dict[int, int], other: dict[int, int]) -> None:
+    for k, n in other.items():
+        into[k] = into.get(k, 0) + n
+
+
+@dataclass(slots=True)
+class _Model:
+    requests: int = 0
+    ttft: dict[int, int] = field(default_factory=dict)
+    tpot: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    start: float
+    requests: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    phases: list[float] = field(default_factory=lambda: [0.0] * len(PHASES))
+    models: dict[str, _Model] = field(default_factory=dict)
+    points: dict[str, Any] | None = None  # the percentiles, computed once the bucket is closed
+
+
+class Window:
+    """Per-bucket aggregates of the finished requests of the last `window_s` seconds."""
+
+    def __init__(self, bucket_s: float = BUCKET_S, window_s: float = WINDOW_S, max_models: int = MAX_MODELS) -> None:
+        self.bucket_s = bucket_s
+        self.window_s = window_s
+        self.max_models = max_models
+        self._buckets: deque[_Bucket] = deque(maxlen=max(1, math.ceil(window_s / bucket_s)))
+
+    def _bucket(self, now: float) -> _Bucket:
+        start = now - now % self.bucket_s
+        buckets = self._buckets
+        if not buckets or buckets[-1].start < start:
+            buckets.append(_Bucket(start))
+        return buckets[-1]
+
+    def add(self, record: RequestRecord, now: float) -> None:
+        b = self._bucket(now)
+        b.requests += 1
+        if record.error_type:
+            b.errors[record.error_type] = b.errors.get(record.error_type, 0) + 1
+        t = record.timing
+        phases = b.phases
+        network = t.network or 0.0
+        phases[0] += network
+        if t.ttft is not None:
+            phases[1] += t.prefill_wait or 0.0
+            phases[2] += t.decode or 0.0
+            phases[3] += t.duration - t.ttft - (t.decode or 0.0)
+        else:
+            phases[4] += t.duration - network
+        name = record.model or "unknown"
+        model = b.models.get(name)
+        if model is None:
+            if len(b.models) >= self.max_models:
+                name = "other"
+                model = b.models.get(name)
+            if model is None:
+                model = b.models[name] = _Model()
+        model.requests += 1
+        if t.ttft is not None and t.ttft > 0:
+            i = _index(t.ttft)
+            model.ttft[i] = model.ttft.get(i, 0) + 1
+        if t.tpot is not None and t.tpot > 0:
+            i = _index(t.tpot)
+            model.tpot[i] = model.tpot.get(i, 0) + 1
+
+    @staticmethod
+    def _points(b: _Bucket) -> dict[str, Any]:
+        return {
+            name: {"ttft": _quantiles(m.ttft), "tpot": _quantiles(m.tpot), "requests": m.requests}
+            for name, m in b.models.items()
+        }
+
+    def prepare(self, now: float, limit: int = 4) -> bool:
+        """Compute the percentiles of up to `limit` closed buckets; True once none is left.
+
+        Lets a caller on the event loop spread the first `snapshot` of a full window (a few ms
+        at 10 models) over several turns of the loop.
+        """
+        todo = [b for b in self._buckets if b.points is None and now >= b.start + self.bucket_s]
+        for b in todo[:limit]:
+            b.points = self._points(b)
+        return len(todo) <= limit
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The JSON of `/api/summary` (minus what the caller adds): series per model, totals."""
+        horizon = now - self.window_s
+        buckets = [b for b in self._buckets if b.start + self.bucket_s > horizon]
+        times = [b.start for b in buckets]
+        models: dict[str, dict[str, Any]] = {}
+        totals: dict[str, _Model] = {}
+        errors: dict[str, int] = {}
+        phases = [0.0] * len(PHASES)
+        rate: list[float] = []
+        for i, b in enumerate(buckets):
+            current = i == len(buckets) - 1 and now < b.start + self.bucket_s
+            if current:
+                points = self._points(b)  # still filling: recomputed each time
+            else:
+                if b.points is None:
+                    b.points = self._points(b)
+                points = b.points
+            for name, p in points.items():
+                series = models.get(name)
+                if series is None:
+                    series = models[name] = {
+                        "ttft": {key: [None] * len(buckets) for key in _KEYS},
+                        "tpot": {key: [None] * len(buckets) for key in _KEYS},
+                        "requests": [0] * len(buckets),
+                    }
+                for kind in ("ttft", "tpot"):
+                    per_key = series[kind]
+                    for key, value in zip(_KEYS, p[kind], strict=True):
+                        per_key[key][i] = value
+                series["requests"][i] = p["requests"]
+            for name, m in b.models.items():
+                total = totals.get(name)
+                if total is None:
+                    total = totals[name] = _Model()
+                total.requests += m.requests
+                _merge(total.ttft, m.ttft)
+                _merge(total.tpot, m.tpot)
+            for kind, n in b.errors.items():
+                errors[kind] = errors.get(kind, 0) + n
+            for j, s in enumerate(b.phases):
+                phases[j] += s
+            elapsed = min(self.bucket_s, max(1.0, now - b.start)) if current else self.bucket_s
+            rate.append(b.requests / elapsed)
+        per_model = {
+            name: {
+                "requests": m.requests,
+                "ttft": dict(zip(_KEYS, _quantiles(m.ttft), strict=True)),
+                "tpot": dict(zip(_KEYS, _quantiles(m.tpot), strict=True)),
+            }
+            for name, m in sorted(totals.items())
+        }
+        return {
+            "window_s": self.window_s,
+            "bucket_s": self.bucket_s,
+            "t": times,
+            "series": models,
+            "models": per_model,
+            "requests_per_s": rate,
+            "requests": sum(b.requests for b in buckets),
+            "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])),
+            "phases": dict(zip(PHASES, phases, strict=True)),
+        }

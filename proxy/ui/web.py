@@ -1,0 +1,163 @@
+"""The live view's routes on the metrics port: the page, its static files and its JSON API.
+
+    /                         the page (static HTML; all data comes from the API below)
+    /ui/{file}                its script, charts and stylesheet (package data, read once)
+    /api/requests             recent requests, newest first (?limit=&api=&model=&errors=&slow=&since=)
+    /api/requests/{id}        one request: record, phase spans, inter-token gaps
+    /api/summary              the last 15 minutes per model, phases, errors, requests/s, in flight
+
+With a token, each of these needs `Authorization: Bearer <token>` or the cookie set by opening
+`/?token=<token>` once; `/metrics`, `/healthz` and `/readyz` never do. Long answers are built in
+slices that yield to the event loop, so a page polling 1,000 rows never stalls the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.ui.live import LiveView
+from proxy.ui.render import detail, row
+from proxy.ui.ring import distinct, parse_query, select
+
+__all__ = ["add_ui_routes"]
+
+COOKIE = "taotrace_ui"
+ROWS_PER_SLICE = 200  # rows rendered between yields to the loop (~0.5 ms each slice)
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+_SECURITY = {
+    # Everything the page needs is served from here; nothing inline, nothing from elsewhere.
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _static_files() -> dict[str, tuple[bytes, str]]:
+    root = resources.files("proxy.ui") / "static"
+    files = {}
+    for item in root.iterdir():
+        suffix = "." + item.name.rsplit(".", 1)[-1]
+        if item.is_file() and suffix in _TYPES:
+            files[item.name] = (item.read_bytes(), _TYPES[suffix])
+    return files
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=_SECURITY)
+
+
+def _error(status: int, kind: str, message: str) -> web.Response:
+    return _json({"error": {"message": f"taotrace: {message}", "type": kind}}, status)
+
+
+def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = None, trace_url: str = "") -> None:
+    """Mount the live view on `app` (the metrics app)."""
+    files = _static_files()
+    secret = token.encode() if token else None
+
+    def authorized(request: web.Request) -> bool:
+        if secret is None:
+            return True
+        supplied = ""
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer ":
+            supplied = auth[7:].strip()
+        else:
+            supplied = request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(supplied.encode(), secret)
+
+    def guarded(handler: Handler) -> Handler:
+        async def check(request: web.Request) -> web.StreamResponse:
+            if not authorized(request):
+                response = _error(
+                    401,
+                    "unauthorized",
+                    "the live view needs its token: open /?token=<TAOTRACE_UI_TOKEN> once, "
+                    "or send Authorization: Bearer <token>",
+                )
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+            return await handler(request)
+
+        return check
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        given = request.query.get("token")
+        if secret is not None and given is not None:
+            if not hmac.compare_digest(given.encode(), secret):
+                return _error(401, "unauthorized", "wrong token")
+            # Trade the token in the address bar (and history) for a cookie scripts cannot read.
+            response = web.Response(status=303, headers={"Location": "/", **_SECURITY})
+            response.set_cookie(COOKIE, given, httponly=True, samesite="Strict", path="/")
+            return response
+        return await index(request)
+
+    async def _index(_request: web.Request) -> web.StreamResponse:
+        body, ctype = files["index.html"]
+        return web.Response(body=body, content_type=ctype, headers=_SECURITY)
+
+    index = guarded(_index)
+
+    async def static(request: web.Request) -> web.StreamResponse:
+        found = files.get(request.match_info["name"])
+        if found is None:
+            return _error(404, "not_found", "no such file")
+        body, ctype = found
+        return web.Response(body=body, content_type=ctype, headers=_SECURITY)
+
+    async def requests(request: web.Request) -> web.StreamResponse:
+        try:
+            query = parse_query(request.query, live.ring.capacity)
+        except ValueError as exc:
+            return _error(400, "bad_request", str(exc))
+        entries = live.ring.snapshot()
+        chosen = select(entries, query)
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(chosen), ROWS_PER_SLICE):
+            if start:
+                await asyncio.sleep(0)  # let the proxy's streams run between slices
+            rows.extend(row(e) for e in chosen[start : start + ROWS_PER_SLICE])
+        apis, models = distinct(entries)
+        return _json(
+            {
+                "requests": rows,
+                "last_seq": live.ring.last_seq,
+                "capacity": live.ring.capacity,
+                "size": len(entries),
+                "apis": apis,
+                "models": models,
+            }
+        )
+
+    async def one(request: web.Request) -> web.StreamResponse:
+        entry = live.ring.find(request.match_info["id"])
+        if entry is None:
+            return _error(
+                404, "not_found", "no such request among the recent ones (the ring keeps the last --ui-requests)"
+            )
+        return _json(detail(entry, trace_url=trace_url, capture_content=live.capture_content))
+
+    async def summary(_request: web.Request) -> web.StreamResponse:
+        while not live.window.prepare(live.clock()):
+            await asyncio.sleep(0)  # a full window's first percentiles, a few buckets per turn
+        body = live.window.snapshot(live.clock())
+        body["in_flight"] = live.in_flight()
+        body["experiments"] = live.experiments
+        return _json(body)
+
+    app.router.add_get("/", page)
+    app.router.add_get("/ui/{name}", guarded(static))
+    app.router.add_get("/api/requests", guarded(requests))
+    app.router.add_get("/api/requests/{id}", guarded(one))
+    app.router.add_get("/api/summary", guarded(summary))

@@ -1,0 +1,204 @@
+"""The live view's JSON API and its guard, against the real proxy and a fake upstream on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import aiohttp
+import pytest
+
+from proxy.settings import Settings
+from proxy.workers.supervisor import supervising
+from tests.conftest import Proxied, ProxyFactory
+from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
+
+SECRET_KEY = "sk-live-view-must-never-show-this"
+COOKIE = "session=cookie-value-must-never-show"
+
+
+async def _stream(client: aiohttp.ClientSession, p: Proxied, model: str = "gpt-4o-mini") -> None:
+    async with client.post(
+        p.url + "/v1/chat/completions",
+        json={"model": model, "stream": True, "messages": [{"role": "user", "content": "the prompt text"}]},
+        headers={"Authorization": f"Bearer {SECRET_KEY}", "Cookie": COOKIE},
+    ) as response:
+        await response.read()
+
+
+async def _get(client: aiohttp.ClientSession, url: str, **kw: object) -> tuple[int, dict]:
+    async with client.get(url, **kw) as response:  # type: ignore[arg-type]
+        return response.status, json.loads(await response.read() or b"null")
+
+
+async def test_requests_and_detail_show_the_same_record_as_the_spans(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy(trace_url="http://jaeger:16686/trace/{trace_id}") as p:
+        p.serve(stream_handler(chat_stream(5), first_delay=0.05, gap=0.01))
+        await _stream(client, p)
+        p.serve(json_handler({"error": {"message": "no"}}, status=429))
+        await _stream(client, p, model="<script>alert(1)</script>")
+        status, body = await _get(client, p.metrics_url + "/api/requests")
+        assert status == 200 and body["size"] == 2 and body["capacity"] == 1000
+        newest, first = body["requests"]
+        assert newest["model"] == "<script>alert(1)</script>" and newest["error_type"] == "rate_limited"
+        rec = p.records[0]
+        assert first["trace_id"] == rec.trace_id
+        assert (first["ttft"], first["tpot"], first["network"], first["decode"], first["output_tokens"]) == (
+            rec.timing.ttft, rec.timing.tpot, rec.timing.network, rec.timing.decode, 5,
+        )  # fmt: skip
+        status, one = await _get(client, f"{p.metrics_url}/api/requests/{rec.trace_id}")
+        assert status == 200 and one["trace_url"] == f"http://jaeger:16686/trace/{rec.trace_id}"
+        spans = {s.name: s for s in p.spans() if format(s.context.trace_id, "032x") == rec.trace_id}
+        for name in ("network", "prefill_wait", "decode"):
+            shown = next(s for s in one["spans"] if s["name"] == name)
+            exported = (spans[name].end_time - spans[name].start_time) / 1e9
+            assert shown["end"] - shown["start"] == pytest.approx(exported, abs=2e-6), name
+        assert len(one["gaps"]["values"]) == 4 and one["record"]["usage"]["output_tokens"] == 5
+        status, _ = await _get(client, p.metrics_url + "/api/requests?errors=1&since=1")
+        assert status == 200
+        status, only = await _get(client, p.metrics_url + "/api/requests?errors=true")
+        assert [r["error_type"] for r in only["requests"]] == ["rate_limited"]
+
+
+async def test_nothing_secret_or_prompt_reaches_the_api(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy() as p:
+        p.serve(stream_handler(chat_stream(3)))
+        await _stream(client, p)
+        pages = [p.metrics_url + "/api/requests", p.metrics_url + "/api/summary"]
+        pages.append(f"{p.metrics_url}/api/requests/{p.records[0].trace_id}")
+        for url in pages:
+            async with client.get(url) as response:
+                text = await response.text()
+            assert response.status == 200
+            for secret in (SECRET_KEY, "cookie-value", "the prompt text", "tok0"):
+                assert secret not in text, (url, secret)
+
+
+async def test_bad_parameters_get_400_and_unknown_ids_404(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    status, body = await _get(client, proxy.metrics_url + "/api/requests?limit=abc")
+    assert status == 400 and body["error"]["message"] == "taotrace: limit must be a number, got 'abc'"
+    status, body = await _get(client, proxy.metrics_url + "/api/requests?limit=5000")
+    assert status == 400 and "between 1 and 1000" in body["error"]["message"]
+    status, body = await _get(client, proxy.metrics_url + "/api/requests/" + "0" * 32)
+    assert status == 404 and body["error"]["type"] == "not_found"
+
+
+async def test_page_and_files_are_served_with_a_strict_policy(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    async with client.get(proxy.metrics_url + "/") as response:
+        page = await response.text()
+        assert response.status == 200 and response.content_type == "text/html"
+        assert "script-src" not in response.headers["Content-Security-Policy"]  # default-src 'self' covers it
+        assert response.headers["Content-Security-Policy"].startswith("default-src 'self'")
+    assert '<script type="module" src="/ui/app.js">' in page
+    for name, ctype in (("app.js", "text/javascript"), ("charts.js", "text/javascript"), ("style.css", "text/css")):
+        async with client.get(f"{proxy.metrics_url}/ui/{name}") as response:
+            assert response.status == 200 and response.content_type == ctype
+    for name in ("../settings.py", "%2e%2e%2fsettings.py", "index.htm"):
+        async with client.get(f"{proxy.metrics_url}/ui/{name}") as response:
+            assert response.status == 404, name
+
+
+async def test_the_token_guards_the_view_but_never_metrics_or_probes(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy(ui_token="s3cret") as p:
+        base = p.metrics_url
+        for path in ("/", "/ui/app.js", "/api/requests", "/api/summary", "/api/requests/1"):
+            async with client.get(base + path) as response:
+                assert response.status == 401, path
+                assert response.headers["WWW-Authenticate"] == "Bearer"
+                assert "s3cret" not in await response.text()
+        for path in ("/metrics", "/healthz", "/readyz"):
+            async with client.get(base + path) as response:
+                assert response.status == 200, path
+        status, _ = await _get(client, base + "/api/summary", headers={"Authorization": "Bearer wrong"})
+        assert status == 401
+        status, _ = await _get(client, base + "/api/summary", headers={"Authorization": "Bearer s3cret"})
+        assert status == 200
+        async with client.get(base + "/?token=wrong", allow_redirects=False) as response:
+            assert response.status == 401
+        # Opening /?token= once trades the token for an HttpOnly cookie and drops it from the address.
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+            async with browser.get(base + "/?token=s3cret", allow_redirects=False) as response:
+                assert response.status == 303 and response.headers["Location"] == "/"
+                cookie = response.cookies["taotrace_ui"]
+                assert cookie.value == "s3cret" and cookie["httponly"] and cookie["samesite"] == "Strict"
+            async with browser.get(base + "/api/summary") as response:
+                assert response.status == 200
+
+
+async def test_no_ui_leaves_the_metrics_port_as_it_was(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy(ui=False) as p:
+        assert p.srv.live is None
+        for path in ("/", "/api/requests", "/api/summary"):
+            async with client.get(p.metrics_url + path) as response:
+                assert response.status == 404, path
+        async with client.get(p.metrics_url + "/metrics") as response:
+            assert response.status == 200
+
+
+async def test_the_ring_is_bounded_by_ui_requests(start_proxy: ProxyFactory, client: aiohttp.ClientSession) -> None:
+    async with start_proxy(ui_requests=3) as p:
+        for _ in range(5):
+            async with client.get(p.url + "/v1/models") as response:
+                await response.read()
+        status, body = await _get(client, p.metrics_url + "/api/requests")
+        assert status == 200 and body["size"] == 3 and [r["seq"] for r in body["requests"]] == [5, 4, 3]
+        status, body = await _get(client, p.metrics_url + "/api/summary")
+        assert body["requests"] == 5 and body["in_flight"] == 0 and body["experiments"] is None
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"trace_url": "javascript:alert(1)//{trace_id}"}, "http"),
+        ({"trace_url": "http://jaeger/trace/"}, "{trace_id}"),
+        ({"ui_requests": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_settings_refuse_bad_values(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_ui_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAOTRACE_UI_TOKEN", "tkn-9f2c")
+    monkeypatch.setenv("TAOTRACE_UI_REQUESTS", "50")
+    monkeypatch.setenv("TAOTRACE_TRACE_URL", "http://localhost:16686/trace/{trace_id}")
+    s = Settings()
+    assert s.ui_token is not None and s.ui_token.get_secret_value() == "tkn-9f2c" and "tkn-9f2c" not in repr(s)
+    assert (s.ui, s.ui_requests, s.trace_url) == (True, 50, "http://localhost:16686/trace/{trace_id}")
+    monkeypatch.setenv("TAOTRACE_UI_TOKEN", "")
+    assert Settings().ui_token is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
+async def test_with_workers_the_supervisor_shows_every_workers_requests(
+    upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    upstream.handler = stream_handler(chat_stream(3))
+    settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0, workers=2)
+    async with supervising(settings) as group:
+        for _ in range(6):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+                async with fresh.post(
+                    group.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}
+                ) as r:
+                    await r.read()
+        deadline = time.monotonic() + 10
+        while True:  # records reach the supervisor in batches
+            status, body = await _get(client, group.metrics_url + "/api/requests")
+            if body["size"] == 6 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert status == 200 and body["size"] == 6 and {r["output_tokens"] for r in body["requests"]} == {3}
+        status, summary = await _get(client, group.metrics_url + "/api/summary")
+        assert summary["requests"] == 6 and summary["in_flight"] == 0

@@ -1,0 +1,181 @@
+"""The live view's pure parts: the ring, its filters, the 15-minute window, the JSON shapes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from proxy.dialects import Usage
+from proxy.timing import PhaseClock, RequestRecord
+from proxy.ui.render import detail, row
+from proxy.ui.ring import Entry, Query, Ring, compact_gaps, parse_query, select
+from proxy.ui.summary import Window
+
+
+def record(
+    *,
+    model: str | None = "m",
+    api: str = "chat_completions",
+    ttft: float | None = 0.1,
+    tokens: int = 5,
+    gap: float = 0.01,
+    error_type: str = "",
+    trace_id: str | None = "ab" * 16,
+    network: float = 0.002,
+) -> RequestRecord:
+    """A request timed by the real PhaseClock: network, then ttft, then `tokens` tokens `gap` apart."""
+    clock = PhaseClock(100.0)
+    clock.sent(100.0 + network)
+    clock.headers(100.0 + network)
+    if ttft is not None:
+        for i in range(tokens):
+            clock.chunk(100.0 + ttft + i * gap)
+            clock.token(100.0 + ttft + i * gap)
+    end = 100.0 + (ttft or 0.05) + tokens * gap
+    timing = clock.finish(end, tokens if ttft is not None else None, streaming=ttft is not None)
+    return RequestRecord(
+        trace_id=trace_id, api=api, operation="chat", model=model, response_model=model, stream=ttft is not None,
+        method="POST", path="/v1/chat/completions", status_code=200 if not error_type else 502, error_type=error_type,
+        timing=timing, usage=Usage(10, tokens, 4, None), usage_source="reported", finish_reasons=("stop",),
+        response_id="r1",
+    )  # fmt: skip
+
+
+def test_ring_keeps_the_newest_and_finds_by_trace_id_or_seq() -> None:
+    ring = Ring(3)
+    for i in range(5):
+        ring.add(record(trace_id=f"{i:032x}"), now=1000.0 + i)
+    assert [e.seq for e in ring.snapshot()] == [3, 4, 5]
+    assert ring.find(f"{4:032x}") is not None and ring.find(f"{0:032x}") is None  # evicted
+    untraced = ring.add(record(trace_id=None), now=2000.0)
+    assert untraced.id == "6" and ring.find("6") is untraced
+
+
+def test_long_streams_keep_their_largest_gaps() -> None:
+    itl = tuple([0.01] * 999 + [2.5] + [0.01] * 500)  # one stall mid-decode
+    gaps, k = compact_gaps(itl, 256)
+    assert k == 6 and len(gaps) <= 256 and max(gaps) == 2.5
+    assert compact_gaps((0.1, 0.2), 256) == ((0.1, 0.2), 1)
+    ring = Ring(10, max_gaps=256)
+    entry = ring.add(record(tokens=1500), now=1.0)
+    assert len(entry.record.timing.itl) <= 256 and entry.gaps_per_bar == 6
+    assert entry.record.timing.chunk_gaps == ()  # not shown, so not kept once long
+    assert entry.record.timing.decode == pytest.approx(1499 * 0.01)  # everything else untouched
+
+
+def test_select_filters_and_pages_newest_first() -> None:
+    ring = Ring(100)
+    ring.add(record(model="a"), 1.0)
+    ring.add(record(model="b", api="messages"), 2.0)
+    ring.add(record(model="a", error_type="timeout"), 3.0)
+    ring.add(record(model="a", ttft=2.0), 4.0)
+    ring.add(record(model="a", ttft=None), 5.0)  # non-streaming: slow compares the duration
+    entries = ring.snapshot()
+    assert [e.seq for e in select(entries, Query())] == [5, 4, 3, 2, 1]
+    assert [e.seq for e in select(entries, Query(api="messages"))] == [2]
+    assert [e.seq for e in select(entries, Query(model="a", limit=2))] == [5, 4]
+    assert [e.seq for e in select(entries, Query(errors=True))] == [3]
+    assert [e.seq for e in select(entries, Query(slow=1.0))] == [4]
+    assert [e.seq for e in select(entries, Query(since=3))] == [5, 4]
+
+
+@pytest.mark.parametrize(
+    "params,message",
+    [
+        ({"limit": "x"}, "limit must be a number"),
+        ({"limit": "0"}, "limit must be between 1 and 50"),
+        ({"limit": "51"}, "limit must be between 1 and 50"),
+        ({"slow": "nan"}, "slow must be between"),
+        ({"errors": "maybe"}, "errors must be true or false"),
+        ({"since": "-1"}, "since must be between"),
+        ({"order": "asc"}, "unknown parameter 'order'"),
+    ],
+)
+def test_bad_queries_are_refused_with_a_reason(params: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_query(params, capacity=50)
+
+
+def test_parse_query_defaults_and_values() -> None:
+    assert parse_query({}, capacity=50) == Query(limit=50)
+    q = parse_query({"limit": "7", "api": "messages", "errors": "1", "slow": "0.5", "since": "3"}, capacity=50)
+    assert q == Query(limit=7, api="messages", model=None, errors=True, slow=0.5, since=3)
+
+
+def test_window_percentiles_are_within_the_bucket_width() -> None:
+    window = Window()
+    values = [0.01 * (i + 1) for i in range(200)]  # TTFT 10 ms .. 2 s
+    for v in values:
+        window.add(record(ttft=v, model="m"), now=1000.0)
+    snap = window.snapshot(now=1010.0)
+    exact = sorted(values)
+    for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+        want = exact[math.ceil(q * len(exact)) - 1]
+        got = snap["models"]["m"]["ttft"][name]
+        assert got == pytest.approx(want, rel=0.05), name
+    assert snap["series"]["m"]["ttft"]["p50"] == [snap["models"]["m"]["ttft"]["p50"]]
+    assert snap["models"]["m"]["tpot"]["p50"] == pytest.approx(0.01, rel=0.05)
+    assert snap["requests"] == 200
+
+
+def test_window_forgets_after_15_minutes_and_counts_errors_phases_and_rate() -> None:
+    window = Window()
+    window.add(record(error_type="timeout"), now=0.0)
+    for _ in range(30):
+        window.add(record(), now=1000.0)
+    window.add(record(ttft=None), now=1010.0)
+    snap = window.snapshot(now=1015.0)
+    assert snap["requests"] == 31 and snap["errors"] == {}  # the t=0 bucket is older than 15 minutes
+    assert snap["requests_per_s"] == [pytest.approx(31 / 25)]  # the current bucket began at 990 s: 25 s so far
+    phases = snap["phases"]
+    assert phases["network"] == pytest.approx(31 * 0.002)
+    assert phases["prefill_wait"] == pytest.approx(30 * (0.1 - 0.002))
+    assert phases["decode"] == pytest.approx(30 * 4 * 0.01)
+    assert phases["tail"] == pytest.approx(30 * 0.01)
+    assert phases["response"] == pytest.approx(0.05 + 5 * 0.01 - 0.002)
+    window.add(record(error_type="timeout"), now=1016.0)
+    assert window.snapshot(now=1016.0)["errors"] == {"timeout": 1}
+
+
+def test_window_prepares_closed_buckets_a_few_at_a_time() -> None:
+    window = Window()
+    for minute in range(10):
+        window.add(record(), now=minute * 60.0)
+    before = window.snapshot(now=600.0)
+    window = Window()
+    for minute in range(10):
+        window.add(record(), now=minute * 60.0)
+    assert [window.prepare(now=600.0, limit=4) for _ in range(3)] == [False, False, True]
+    assert window.snapshot(now=600.0) == before  # the same answer, computed in slices
+
+
+def test_window_caps_invented_model_names() -> None:
+    window = Window(max_models=3)
+    for i in range(50):
+        window.add(record(model=f"invented-{i}"), now=10.0)
+    models = window.snapshot(now=11.0)["models"]
+    assert len(models) == 4 and models["other"]["requests"] == 47
+
+
+def test_rows_and_details_carry_the_records_numbers() -> None:
+    rec = record(tokens=4)
+    entry = Entry(seq=1, time=1234.5, record=rec)
+    r = row(entry)
+    assert (r["id"], r["ttft"], r["tpot"], r["network"], r["output_tokens"]) == (
+        rec.trace_id,
+        rec.timing.ttft,
+        rec.timing.tpot,
+        rec.timing.network,
+        4,
+    )
+    d = detail(entry, trace_url="http://jaeger:16686/trace/{trace_id}")
+    assert d["trace_url"] == f"http://jaeger:16686/trace/{rec.trace_id}"
+    spans = {s["name"]: s for s in d["spans"]}
+    assert set(spans) == {"chat m", "network", "prefill_wait", "decode"}
+    assert spans["prefill_wait"]["end"] - spans["prefill_wait"]["start"] == pytest.approx(rec.timing.prefill_wait)
+    assert spans["decode"]["end"] - spans["decode"]["start"] == pytest.approx(rec.timing.decode)
+    assert d["gaps"] == {"values": list(rec.timing.itl), "per_bar": 1, "count": 3}
+    assert d["record"]["usage"]["cached_input_tokens"] == 4 and "itl" not in d["record"]["timing"]
+    assert "start" not in d["record"]["timing"]  # monotonic instants mean nothing to a reader
+    assert "chunk_gaps" not in d["record"]["timing"] and d["record"]["timing"]["ttfc"] == pytest.approx(0.1)
