@@ -236,7 +236,8 @@ async function showTrace(id) {
 function seriesFor(summary, kind) {
   const out = [];
   const legendItems = [];
-  Object.entries(summary.series).forEach(([model, s], i) => {
+  const withData = Object.entries(summary.series).filter(([, s]) => s[kind].p50.some((v) => v != null));
+  withData.forEach(([model, s], i) => {
     const color = COLORS[i % COLORS.length];
     legendItems.push({ name: model, color });
     for (const [p, dash] of [["p50", ""], ["p95", "6 3"], ["p99", "2 3"]]) {
