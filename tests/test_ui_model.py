@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -38,7 +39,7 @@ def record(
         trace_id=trace_id, api=api, operation="chat", model=model, response_model=model, stream=ttft is not None,
         method="POST", path="/v1/chat/completions", status_code=200 if not error_type else 502, error_type=error_type,
         timing=timing, usage=Usage(10, tokens, 4, None), usage_source="reported", finish_reasons=("stop",),
-        response_id="r1",
+        response_id="r1", attributes=(("user.id", "alice"),),
     )  # fmt: skip
 
 
@@ -178,4 +179,11 @@ def test_rows_and_details_carry_the_records_numbers() -> None:
     assert d["gaps"] == {"values": list(rec.timing.itl), "per_bar": 1, "count": 3}
     assert d["record"]["usage"]["cached_input_tokens"] == 4 and "itl" not in d["record"]["timing"]
     assert "start" not in d["record"]["timing"]  # monotonic instants mean nothing to a reader
+    assert d["record"]["attributes"] == {"user.id": "alice"}  # (name, value) pairs read as a mapping
+    assert (
+        detail(Entry(seq=2, time=1.0, record=replace(rec, sampling="dropped")), trace_url="http://j/{trace_id}")[
+            "trace_url"
+        ]
+        is None
+    )  # a dropped trace is not in the viewer
     assert "chunk_gaps" not in d["record"]["timing"] and d["record"]["timing"]["ttfc"] == pytest.approx(0.1)

@@ -48,6 +48,10 @@ def row(e: Entry) -> dict[str, Any]:
     }
 
 
+def _is_pair(value: object) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+
+
 def _plain(value: object, capture_content: bool) -> Any:
     """A record (or a part of it) as JSON-able values; unknown types become strings."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -61,6 +65,8 @@ def _plain(value: object, capture_content: bool) -> Any:
         return out
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, tuple) and value and all(_is_pair(v) for v in value):
+        return {k: _plain(v, capture_content) for k, v in value}  # (name, value) pairs, e.g. attributes
     if isinstance(value, (list, tuple, set, frozenset)):
         return [_plain(v, capture_content) for v in value]
     if isinstance(value, dict):
@@ -115,7 +121,10 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
         "id": e.id,
         "seq": e.seq,
         "time": e.time,
-        "trace_url": trace_url.replace("{trace_id}", r.trace_id) if trace_url and r.trace_id else None,
+        # A trace the outcome sampler dropped never reaches the trace viewer: no link to a 404.
+        "trace_url": trace_url.replace("{trace_id}", r.trace_id)
+        if trace_url and r.trace_id and r.sampling != "dropped"
+        else None,
         "record": _plain(r, capture_content),
         "spans": _spans(e),
         "marks": {"time_to_headers": t.time_to_headers, "ttfb": t.ttfb, "ttft": t.ttft},
