@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -28,7 +29,7 @@ async def _stream(client: aiohttp.ClientSession, p: Proxied, model: str = "gpt-4
         await response.read()
 
 
-async def _get(client: aiohttp.ClientSession, url: str, **kw: object) -> tuple[int, dict]:
+async def _get(client: aiohttp.ClientSession, url: str, **kw: object) -> tuple[int, Any]:
     async with client.get(url, **kw) as response:  # type: ignore[arg-type]
         return response.status, json.loads(await response.read() or b"null")
 
