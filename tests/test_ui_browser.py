@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
     not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed (make system-deps)"
 )
 
+TRACE_URL = "http://localhost:16686/trace/{trace_id}"
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
 LAUNCH_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -67,6 +68,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
             [sys.executable, "-m", "proxy", "demo", "--port", "0", "--metrics-port", "0", "--time-scale", "0.2"],
             stdout=sink,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "TAOTRACE_TRACE_URL": TRACE_URL},  # the demo's proxy reads TAOTRACE_* too
         )
     try:
         deadline = time.monotonic() + 60
@@ -176,6 +178,7 @@ def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
             assert shown == pytest.approx(seconds, abs=1e-9) and spans[name] == pytest.approx(seconds, abs=1e-9)
         assert page.locator("#gaps rect").count() == 47  # 48 tokens
         assert "gpt-4o" in (page.text_content("#trace-title") or "")
+        assert page.get_attribute("#trace-link", "href") == TRACE_URL.replace("{trace_id}", big["trace_id"])
         _shoot(page, "waterfall", tmp_path)
 
         # Overview: charts drawn from /api/summary.
