@@ -35,8 +35,9 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 
 venv: $(VENV)/.installed-dev
 
-# System tools the tests drive for real (Prometheus, promtool; chromium for the live view). Installed only when missing,
-# and only when we are root (CI is); otherwise the tests that need them say so and skip.
+# System tools the tests drive for real (Prometheus, promtool; chromium for the live view; ss from
+# iproute2). Installed only when missing, and only when we are root (CI is); otherwise the tests
+# that need them say so and skip.
 system-deps:
 	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -47,6 +48,11 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null; \
 	  else echo "chromium missing and not root: the live view's browser tests will skip"; fi; \
+	fi
+	@if ! command -v ss >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; \
+	  else echo "ss (iproute2) missing and not root: the TCP_INFO cross-check will skip"; fi; \
 	fi
 
 test: $(VENV)/.installed-test system-deps

@@ -41,6 +41,7 @@ from proxy.dialects import (
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.sse import SSEDecoder
+from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
@@ -72,7 +73,8 @@ class _Relay:
     """
 
     __slots__ = (
-        "cap", "chunked", "clock", "copy", "decoder", "lost", "phase", "reader", "relayed", "t_written", "transport",
+        "cap", "chunked", "clock", "copy", "decoder", "lost", "phase", "reader", "relayed", "t_written",
+        "tcp_first", "tcp_probe", "transport",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +87,7 @@ class _Relay:
         reader: StreamReader | None,
         copy: bytearray | None,
         cap: int,
+        tcp_probe: Callable[[], TcpInfo | None] | None = None,
     ) -> None:
         self.transport = transport
         self.chunked = chunked
@@ -97,6 +100,8 @@ class _Relay:
         self.t_written: float | None = None  # when the last read was written to the client
         self.lost = False  # a read came after the client left, unwritten
         self.relayed = phase.relay
+        self.tcp_probe = tcp_probe  # reads TCP_INFO once, at the first token
+        self.tcp_first: TcpInfo | None = None
 
     @property
     def done(self) -> bool:
@@ -134,6 +139,9 @@ class _Relay:
             except Exception:  # parsing is best effort, forwarding is not
                 log.debug("stream parse failed; timing for this request is partial", exc_info=True)
                 self.reader = None
+            if self.tcp_probe is not None and phase.t_first is not None:
+                self.tcp_first = self.tcp_probe()  # once per request, after the bytes went out
+                self.tcp_probe = None
         elif self.copy is not None and len(self.copy) < self.cap:
             self.copy += chunk
         return transport.get_write_buffer_size() > HIGH_WATER
@@ -143,7 +151,8 @@ class _Exchange:
     """One request through the proxy, as its handler learns about it; `_finish` records it."""
 
     __slots__ = (
-        "client_headers", "error_type", "info", "method", "path", "phase", "relay", "span", "status", "t_end", "upstream",
+        "client_headers", "error_type", "info", "method", "path", "phase", "relay", "span", "status", "t_end",
+        "tcp_end", "upstream",
     )  # fmt: skip
 
     def __init__(
@@ -166,6 +175,7 @@ class _Exchange:
         self.t_end: float | None = None  # when the answer ended, if not at `_finish` (None: then)
         self.upstream: UpstreamResponse | None = None
         self.relay: _Relay | None = None
+        self.tcp_end: TcpInfo | None = None  # the upstream connection's TCP_INFO as the request ended
 
     def cancelled(self, *, draining: bool) -> None:
         """The handler was cancelled: the client left, or the drain deadline passed."""
@@ -181,10 +191,18 @@ class _Exchange:
         upstream, relay = self.upstream, self.relay
         if upstream is None:
             return
+        self.tcp_end = upstream.end_tcp()  # before the connection is pooled or discarded
         if relay is not None and relay.done and not upstream.complete:
             upstream.discard_rest()  # keep the connection if the rest comes soon
         else:
             upstream.close()
+
+    def tcp(self) -> TcpStats | None:
+        """The upstream connection's TCP_INFO over this request (after `release_upstream`)."""
+        if self.upstream is None:
+            return None
+        first = self.relay.tcp_first if self.relay is not None else None
+        return request_stats(self.upstream.tcp_start, first, self.tcp_end)
 
 
 def server_timing(phase: PhaseClock) -> str:
@@ -309,6 +327,7 @@ class Forwarder:
             reader,
             copy,
             MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY,
+            upstream.tcp_info,
         )
         x.error_type, x.t_end = await self._relay(upstream, request, response, x.relay)
         return response
@@ -425,6 +444,7 @@ class Forwarder:
             attributes=self.attributor(client_headers, info.end_user) if self.attributor is not None else (),
             rate_limits=read_rate_limits(upstream_headers, self._wall_time_of(phase.t_headers)),
             cost=self._cost(info.model, response_model, usage, source),
+            tcp=x.tcp(),
         )
         self.metrics.record(record)
         self.telemetry.finish(x.span, record, reader.text if reader is not None else None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from proxy.dialects import Usage
+from proxy.tcpinfo import TcpStats
 
 if TYPE_CHECKING:
     from proxy.accounting.prices import Cost
@@ -80,6 +81,17 @@ class RequestRecord:
     attributes: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
     rate_limits: RateLimits | None = field(default=None, kw_only=True)
     cost: Cost | None = field(default=None, kw_only=True)
+    tcp: TcpStats | None = field(default=None, kw_only=True)  # the upstream connection's TCP_INFO (Linux)
+
+    @property
+    def server_wait(self) -> float | None:
+        """An estimate: prefill_wait minus one round trip (floored at 0), the provider's queue and
+        prefill as seen from outside. None without both."""
+        prefill = self.timing.prefill_wait
+        rtt = self.tcp.round_trip if self.tcp is not None else None
+        if prefill is None or rtt is None:
+            return None
+        return max(0.0, prefill - rtt)
 
 
 class PhaseClock:

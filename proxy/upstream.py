@@ -13,9 +13,12 @@ before the event loop does anything else.
     resp.close()                        # or resp.discard_rest() when the client left with all it needed
 
 Timings go straight into the request's `PhaseClock` (pool wait, DNS, connect incl. TLS, reuse,
-request written). Failures before the response head raise a `ProxyError` (`UpstreamUnreachable`,
-`UpstreamTimeout`, `UpstreamBroken`) with our own message (never bytes from the wire); failures
-in the body raise `BodyFailure` with an error type (the tree is drawn in `proxy/errors.py`).
+request written). The connection's `TCP_INFO` is read as a request ends (`end_tcp()`, or, if the
+connection fails first, just before its socket closes); one request's end reading is the next
+one's baseline (`tcp_start`), so counting per request costs no extra system call. Failures
+before the response head raise a `ProxyError` (`UpstreamUnreachable`, `UpstreamTimeout`,
+`UpstreamBroken`) with our own message (never bytes from the wire); failures in the body raise
+`BodyFailure` with an error type (the tree is drawn in `proxy/errors.py`).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from typing import Any
 import httptools
 from yarl import URL
 
+from proxy import tcpinfo
 from proxy.envproxy import ForwardProxy
 from proxy.errors import BodyFailure, ProxyError, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
+from proxy.tcpinfo import TcpInfo
 from proxy.timing import PhaseClock
 
 __all__ = ["UpstreamPool", "UpstreamResponse"]
@@ -63,6 +68,8 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.sock: Any = None  # the TCP socket (under TLS too), for TCP_INFO
+        self.tcp_last: TcpInfo | None = tcpinfo.NEW_CONNECTION  # the latest TCP_INFO reading
         self._reset()
 
     def _reset(self) -> None:
@@ -140,6 +147,8 @@ class _Connection(asyncio.Protocol):
         return None  # close our side too
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self.busy and not self.closed:
+            self.read_tcp()  # the transport closes the socket only after this returns
         self.closed = True
         self.pool._forget(self)
         self._cancel_timer()
@@ -247,6 +256,8 @@ class _Connection(asyncio.Protocol):
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:
             self.failure = exc
+        if not self.closed:
+            self.read_tcp()  # the request's end reading, before the socket goes
         self.abort()
         if self.complete:
             return  # the response was whole; only the connection is spoiled
@@ -275,6 +286,11 @@ class _Connection(asyncio.Protocol):
             if self.timer is None and not self.complete:
                 self.timer = self.loop.call_at(self.last_read + self.read_timeout, self._check_idle)
 
+    def read_tcp(self) -> TcpInfo | None:
+        """`TCP_INFO` now (one system call), kept as the connection's latest reading."""
+        self.tcp_last = tcpinfo.read(self.sock)
+        return self.tcp_last
+
     def abort(self) -> None:
         self._cancel_timer()
         if self.transport is not None and not self.closed:
@@ -302,7 +318,7 @@ class _Connection(asyncio.Protocol):
 class UpstreamResponse:
     """The response head, and `relay()` for the body."""
 
-    __slots__ = ("_conn", "_pool", "headers", "reason", "status")
+    __slots__ = ("_conn", "_pool", "headers", "reason", "status", "tcp_start")
 
     def __init__(self, conn: _Connection, pool: UpstreamPool) -> None:
         self._conn = conn
@@ -310,6 +326,9 @@ class UpstreamResponse:
         self.status = conn.status
         self.reason = conn.reason.decode("latin-1", "replace").strip() or None
         self.headers = conn.headers
+        # TCP_INFO when the request took the connection: zero counters for a new one, else the
+        # reading at the end of its previous request (nothing of ours was in flight since).
+        self.tcp_start = conn.tcp_last
 
     def header(self, name: str, default: str = "") -> str:
         name = name.lower()
@@ -349,6 +368,17 @@ class UpstreamResponse:
     def complete(self) -> bool:
         """The body was read to its end."""
         return self._conn.complete
+
+    def tcp_info(self) -> TcpInfo | None:
+        """The connection's `TCP_INFO` now; None off Linux or once it is closed."""
+        conn = self._conn
+        return None if conn.closed else tcpinfo.read(conn.sock)
+
+    def end_tcp(self) -> TcpInfo | None:
+        """`TCP_INFO` as the request ends (before `close()` or `discard_rest()`), or the reading
+        taken as the connection closed; it is also the connection's next request's baseline."""
+        conn = self._conn
+        return conn.tcp_last if conn.closed else conn.read_tcp()
 
     def close(self) -> None:
         """Reuse the connection if the body was read to its end, else drop it."""
@@ -617,6 +647,7 @@ class UpstreamPool:
         sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # events must not wait for Nagle
+            conn.sock = sock
         self._all.add(conn)
         return conn
 

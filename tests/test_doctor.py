@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -57,6 +58,9 @@ async def test_all_checks_pass_against_the_simulator(sim: SimRunning) -> None:
     assert [c.name for c in checks] == ["key", "network", "auth", "model", "stream"]
     assert all(c.status == "ok" for c in checks), text
     assert "usage-only chunk (empty choices) parsed" in checks[-1].detail and text.endswith("all checks passed\n")
+    if sys.platform.startswith("linux"):  # the kernel's round trip, and the network's share of the TTFT
+        assert re.search(r"connected \(\d+ ms, round trip \d+\.\d+ ms\)", checks[1].detail), checks[1].detail
+        assert re.search(r"\n +your network adds [\d.]+ ms of the [\d.]+ ms TTFT \(", checks[-1].detail), text
 
 
 async def test_key_missing_or_mangled(sim: SimRunning) -> None:

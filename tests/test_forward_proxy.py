@@ -10,6 +10,7 @@ import base64
 import logging
 import socket
 import ssl
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -280,6 +281,9 @@ async def test_serve_reaches_an_https_upstream_through_https_proxy(
     assert forward.seen[0].authorization is None  # the client's own Proxy-Authorization is hop-by-hop: dropped
     timing = records[0].timing
     assert timing.connect is not None and timing.network >= timing.connect
+    if sys.platform.startswith("linux"):  # TCP_INFO of the socket under the tunnel's TLS: to the forward proxy
+        tcp = records[0].tcp
+        assert tcp is not None and tcp.rtt is not None and tcp.rtt > 0 and tcp.retransmits == 0
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,8 @@ CONTRACT = {
     "taotrace_cost_unpriced_requests": ("counter", {"api", "model"}),
     "taotrace_cost_cache_savings": ("counter", {"api", "model"}),
     "taotrace_worker_restarts": ("counter", set()),
+    "taotrace_upstream_rtt_seconds": ("histogram", {"api", "model"}),
+    "taotrace_upstream_retransmits": ("counter", {"api", "model"}),
 }
 BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # one process, and --workers 2
 

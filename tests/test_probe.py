@@ -109,11 +109,26 @@ async def test_runs_give_a_runs_list_and_show_the_prefix_cache(sim: SimRunning) 
     code, text = await _probe(settings)
     assert code == 0
     lines = text.splitlines()
-    assert lines[1].split()[:3] == ["run", "TTFT", "total"] and len(lines) == 6 and lines[-1].startswith("median:")
+    assert lines[1].split()[:5] == ["run", "TTFT", "network", "RTT", "total"] and lines[5].startswith("median:")
+    if sys.platform.startswith("linux"):  # then the network's share of the last run's TTFT
+        assert len(lines) == 7 and lines[6].startswith("network (run 3): your network adds ")
     fresh = settings.model_copy(update={"json_output": True, "prompt": "a prompt not seen before"})
     doc = json.loads((await _probe(fresh))[1])
     assert len(doc["runs"]) == 3 and doc["output_tokens"] == 8
     assert doc["runs"][1]["ttft_s"] < doc["runs"][0]["ttft_s"]  # the repeat hits the prefix cache
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO is read on Linux only")
+async def test_probe_splits_ttft_into_network_and_server(sim: SimRunning) -> None:
+    settings = ProbeSettings(base_url=sim.base_url, max_tokens=4, json_output=True)
+    doc = json.loads((await _probe(settings))[1])
+    # A new connection: opening it (TCP on loopback) plus one round trip, all well inside the TTFT.
+    assert 0 < doc["rtt_s"] < 0.05 and 0 < doc["connect_s"] < doc["ttft_s"]
+    assert doc["network_s"] == pytest.approx(doc["connect_s"] + doc["rtt_s"]) and doc["network_s"] < doc["ttft_s"]
+    code, text = await _probe(settings.model_copy(update={"json_output": False}))
+    line = text.splitlines()[-1]
+    assert code == 0 and line.startswith("network (run 1): your network adds "), text
+    assert " ms opening the connection + " in line and line.endswith(" ms round trip; the rest is the server)")
 
 
 async def test_config_file_aliases_and_default_params(sim: SimRunning, tmp_path: Path) -> None:

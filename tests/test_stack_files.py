@@ -337,6 +337,8 @@ def test_dashboard_covers_what_an_operator_needs() -> None:
         'error_type="rate_limited"',
         "taotrace_cost_total",  # spend per model
         "taotrace_cost_cache_savings_total",  # what the prefix cache saved
+        "taotrace_upstream_rtt_seconds_bucket",  # network vs provider
+        "taotrace_upstream_retransmits_total",
     ):
         assert needle in text, needle
     panel_types = {p["type"] for d in DASHBOARDS for p in json.loads(d.read_text())["panels"]}

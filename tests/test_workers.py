@@ -98,6 +98,8 @@ async def test_requests_spread_over_workers_and_metrics_sum(slow_upstream: FakeU
         labels = (("api", "chat_completions"), ("model", "m"))
         assert samples[("taotrace_time_to_first_token_seconds_count", labels)] == 12
         assert samples[("taotrace_inter_token_latency_seconds_count", labels)] == 12 * 39
+        if sys.platform.startswith("linux"):  # TCP_INFO rides along in the records workers ship
+            assert samples[("taotrace_upstream_rtt_seconds_count", labels)] == 12
         assert samples[("taotrace_in_flight_requests", (("api", "chat_completions"),))] == 0
         assert samples[("taotrace_worker_restarts_total", ())] == 0
 

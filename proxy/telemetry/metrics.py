@@ -18,7 +18,10 @@ from prometheus_client import CollectorRegistry
 from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry
 from proxy.timing import RequestRecord
 
-__all__ = ["Recorder", "ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_TOKEN"]
+__all__ = [
+    "Recorder", "ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_RTT",
+    "BUCKETS_TOKEN",
+]  # fmt: skip
 
 # 1 ms … 20 min: reasoning models can think for minutes before the first token.
 BUCKETS_LATENCY = (
@@ -30,6 +33,9 @@ BUCKETS_TOKEN = (
     0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
+# Network round trips: 0.5 ms (same rack) … 1 s (a satellite link). Few buckets: each is one more
+# series per (api, model), and /metrics render time grows with the series.
+BUCKETS_RTT = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 # The proxy's own cost: 10 us ... 100 ms (a relay is a few us; a slow one means a busy event loop).
 BUCKETS_OVERHEAD = (
@@ -93,6 +99,8 @@ class _Children:
         "tok_out",
         "tok_cached",
         "tok_reasoning",
+        "rtt",
+        "retransmits",
     )
 
     def __init__(self, m: Metrics, api: str, model: str) -> None:
@@ -107,6 +115,8 @@ class _Children:
         self.tok_out = m.tokens.labels(api, model, "output")
         self.tok_cached = m.tokens.labels(api, model, "cached_input")
         self.tok_reasoning = m.tokens.labels(api, model, "reasoning")
+        self.rtt = m.rtt.labels(api, model)
+        self.retransmits = m.retransmits.labels(api, model)
 
 
 class _Attributed:
@@ -205,6 +215,16 @@ class Metrics:
             "taotrace_tokens", "Tokens by type: input (incl. cached), output, cached_input, reasoning.",
             (*am, "type"), registry=registry,
         )  # fmt: skip
+        self.rtt = Histogram(
+            "taotrace_upstream_rtt_seconds",
+            "Round trip to the upstream per request: its connection's TCP min_rtt (Linux TCP_INFO).",
+            am, buckets=BUCKETS_RTT, registry=registry,
+        )  # fmt: skip
+        self.retransmits = Counter(
+            "taotrace_upstream_retransmits",
+            "TCP segments taotrace retransmitted to the upstream during requests (Linux TCP_INFO).",
+            am, registry=registry,
+        )  # fmt: skip
         self.in_flight = Gauge(
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("api",), registry=registry
         )
@@ -296,6 +316,13 @@ class Metrics:
         if t.overhead_request is not None:
             found[0].observe(t.overhead_request)
         found[1].observe_many(t.relay)
+        tcp = rec.tcp
+        if tcp is not None:
+            rtt = tcp.round_trip
+            if rtt is not None:
+                c.rtt.observe(rtt, exemplar)
+            if tcp.retransmits:
+                c.retransmits.inc(tcp.retransmits)
         u = rec.usage
         if u.input_tokens:
             c.tok_in.inc(u.input_tokens)

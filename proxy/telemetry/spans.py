@@ -109,6 +109,23 @@ def _redacted_query(query: str) -> str:
     return "&".join(f"{name}=REDACTED" for name in names)
 
 
+def _tcp_attributes(attrs: dict[str, types.AnyValue], rec: RequestRecord) -> None:
+    """The upstream connection's TCP_INFO for this request, and the server-wait estimate."""
+    tcp = rec.tcp
+    assert tcp is not None
+    for key, value in (
+        ("taotrace.tcp.rtt", tcp.rtt),
+        ("taotrace.tcp.rtt_var", tcp.rtt_var),
+        ("taotrace.tcp.min_rtt", tcp.min_rtt),
+        ("taotrace.tcp.retransmits", tcp.retransmits),
+        ("taotrace.tcp.out_of_order", tcp.out_of_order),
+        ("taotrace.tcp.delivery_rate", tcp.delivery_rate),
+        ("taotrace.server_wait", rec.server_wait),
+    ):
+        if value is not None:
+            attrs[key] = value
+
+
 class Telemetry:
     """Starts and ends the spans of each request on a tracer from the given provider.
 
@@ -291,6 +308,8 @@ class Telemetry:
             attrs["taotrace.sampling.reason"] = rec.sampling
         if rec.finish_reasons:  # a tuple: what the SDK's BoundedAttributes would store for a list
             attrs["gen_ai.response.finish_reasons"] = tuple(rec.finish_reasons)
+        if rec.tcp is not None:
+            _tcp_attributes(attrs, rec)
         if rec.stream:
             attrs["taotrace.usage_source"] = rec.usage_source
             attrs["taotrace.token_events"] = t.token_events

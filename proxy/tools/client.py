@@ -10,6 +10,10 @@ token is.
     TTFT   = t_first − t0
     TPOT   = (t_last − t_first) / (output_tokens − 1)      (vLLM: the first token excluded)
     tok/s  = output_tokens / (t_end − t_first)             (the decode rate the user sees)
+
+At the first token it also reads the kernel's `TCP_INFO` of the connection that carried the
+request (Linux), and with a `ConnectTimer` on the session, the time spent opening that
+connection: together, the network's share of the TTFT (`network_share`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy import tcpinfo
 from proxy.dialects import (
     API_CHAT,
     API_COMPLETIONS,
@@ -31,7 +36,10 @@ from proxy.dialects import (
 )
 from proxy.sse import SSEDecoder, SSEEvent
 
-__all__ = ["API_ALIASES", "Call", "Measurement", "api_name", "auth_headers", "error_message", "measure", "request_for"]
+__all__ = [
+    "API_ALIASES", "Call", "ConnectTimer", "Measurement", "api_name", "auth_headers", "error_message", "measure",
+    "ms", "network_share", "request_for",
+]  # fmt: skip
 
 API_ALIASES: dict[str, str] = {
     "chat": API_CHAT,
@@ -149,6 +157,15 @@ class Measurement:
     reasoning_tokens: int | None = None
     response_id: str | None = None
     error: str | None = None
+    rtt_s: float | None = None  # one round trip on this connection at the first token (TCP min_rtt; Linux)
+    connect_s: float | None = None  # opening a connection for this call (DNS, TCP, TLS); 0 if reused
+
+    @property
+    def network_s(self) -> float | None:
+        """The network's share of the TTFT: opening the connection (when timed) plus one round trip."""
+        if self.rtt_s is None:
+            return None
+        return (self.connect_s or 0.0) + self.rtt_s
 
     @property
     def ok(self) -> bool:
@@ -207,6 +224,50 @@ class _Stream:
             self.error = f"error in stream: {error_message(event.data)}"
 
 
+class ConnectTimer:
+    """Seconds a session spends opening connections (DNS, TCP, TLS), from aiohttp's tracing.
+
+    `aiohttp.ClientSession(trace_configs=[timer.config])`; `measure(..., connect_timer=timer)`.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total = 0.0
+        self._clock = clock
+        self.config = aiohttp.TraceConfig()
+        self.config.on_connection_create_start.append(self._start)
+        self.config.on_connection_create_end.append(self._end)
+
+    async def _start(self, _session: object, ctx: Any, _params: object) -> None:
+        ctx.connect_t0 = self._clock()
+
+    async def _end(self, _session: object, ctx: Any, _params: object) -> None:
+        self.total += self._clock() - ctx.connect_t0
+
+
+def _socket_of(response: aiohttp.ClientResponse) -> Any:
+    """The TCP socket under the connection that carries `response` (under TLS too)."""
+    conn = response.connection
+    transport = conn.transport if conn is not None else None
+    return transport.get_extra_info("socket") if transport is not None else None
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds to read: `12.3 ms`, and µs resolution below 1 ms (loopback: `0.014 ms`)."""
+    value = seconds * 1000
+    return f"{value:.1f} ms" if value >= 1 else f"{value:.3f} ms"
+
+
+def network_share(m: Measurement) -> str | None:
+    """The one line: "your network adds X ms of the Y ms TTFT (...)"; None without TCP_INFO."""
+    network = m.network_s
+    if network is None or m.ttft_s is None or m.rtt_s is None:
+        return None
+    parts = f"{ms(m.rtt_s)} round trip"
+    if m.connect_s:
+        parts = f"{ms(m.connect_s)} opening the connection + {parts}"
+    return f"your network adds {ms(network)} of the {ms(m.ttft_s)} TTFT ({parts}; the rest is the server)"
+
+
 async def _exchange(
     session: aiohttp.ClientSession,
     url: str,
@@ -214,26 +275,30 @@ async def _exchange(
     headers: Mapping[str, str],
     stream: _Stream,
     clock: Callable[[], float],
-) -> tuple[int, str | None]:
-    """POST and read the answer into `stream`: (status, error). Errors name the kind of failure,
-    never the exception's text (it can carry the URL)."""
+) -> tuple[int, str | None, tcpinfo.TcpInfo | None]:
+    """POST and read the answer into `stream`: (status, error, the connection's TCP_INFO at the
+    first token). Errors name the kind of failure, never the exception's text (it can carry the URL)."""
     status = 0
+    tcp: tcpinfo.TcpInfo | None = None
     try:
         async with session.post(url, data=payload, headers=headers) as response:
             status = response.status
             if status != 200:
-                return status, f"HTTP {status}: {error_message(await response.read())}"
+                return status, f"HTTP {status}: {error_message(await response.read())}", None
+            sock = _socket_of(response)
             async for chunk in response.content.iter_any():
                 stream.feed(chunk, clock())
+                if tcp is None and stream.t_first is not None:
+                    tcp = tcpinfo.read(sock)  # once, after the first token's clock: one system call
     except aiohttp.ClientPayloadError:
-        return status, "stream cut: the connection closed mid-body"
+        return status, "stream cut: the connection closed mid-body", tcp
     except aiohttp.ClientConnectorError as exc:
-        return status, f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}"
+        return status, f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}", tcp
     except aiohttp.ClientError as exc:
-        return status, type(exc).__name__
+        return status, type(exc).__name__, tcp
     except TimeoutError:
-        return status, "timed out"
-    return status, stream.error
+        return status, "timed out", tcp
+    return status, stream.error, tcp
 
 
 async def measure(
@@ -244,8 +309,12 @@ async def measure(
     api_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    connect_timer: ConnectTimer | None = None,
 ) -> Measurement:
-    """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`."""
+    """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`.
+
+    With `connect_timer` (on the session's trace configs) the time spent opening a connection for
+    this call is measured too."""
     path, body = request_for(call)
     send_headers = {
         "Content-Type": "application/json",
@@ -254,17 +323,28 @@ async def measure(
         **(headers or {}),
     }
     stream = _Stream(call.api)
+    connecting = connect_timer.total if connect_timer is not None else 0.0
     t0 = clock()
-    status, error = await _exchange(
+    status, error, tcp = await _exchange(
         session, base_url.rstrip("/") + path, orjson.dumps(body), send_headers, stream, clock
     )
     t_end = clock()
     if status == 200 and error is None and not stream.ended:
         error = "stream ended without its end marker"
-    return _measurement(call, status, error, stream, t0, t_end)
+    connect = connect_timer.total - connecting if connect_timer is not None else None
+    return _measurement(call, status, error, stream, t0, t_end, tcp, connect)
 
 
-def _measurement(call: Call, status: int, error: str | None, s: _Stream, t0: float, t_end: float) -> Measurement:
+def _measurement(
+    call: Call,
+    status: int,
+    error: str | None,
+    s: _Stream,
+    t0: float,
+    t_end: float,
+    tcp: tcpinfo.TcpInfo | None = None,
+    connect_s: float | None = None,
+) -> Measurement:
     usage = s.reader.usage
     reported = usage is not None and usage.output_tokens is not None
     output_tokens = usage.output_tokens if usage is not None and usage.output_tokens is not None else s.token_events
@@ -293,4 +373,6 @@ def _measurement(call: Call, status: int, error: str | None, s: _Stream, t0: flo
         reasoning_tokens=usage.reasoning_tokens if usage else None,
         response_id=s.reader.response_id,
         error=error,
+        rtt_s=tcp.round_trip if tcp is not None else None,
+        connect_s=connect_s,
     )

@@ -11,7 +11,8 @@
              is told as the proxy failing to reach its upstream, not as the endpoint's trouble
     model    `--model` is in that list (close names are suggested)
     stream   a tiny streaming chat request parses chunk by chunk: tokens, the usage-only chunk
-             with empty `choices`, `data: [DONE]`
+             with empty `choices`, `data: [DONE]`; and how much of its TTFT is the network
+             (opening the connection + one round trip, from the kernel's TCP_INFO on Linux)
 
 It stops at the first failure with a one-line cause and a concrete fix; the exit status is 0
 only when every check passes.
@@ -35,8 +36,9 @@ import orjson
 from pydantic import Field
 from yarl import URL
 
+from proxy import tcpinfo
 from proxy.dialects import API_CHAT
-from proxy.tools.client import Call, auth_headers, error_message, measure
+from proxy.tools.client import Call, ConnectTimer, auth_headers, error_message, measure, ms, network_share
 from proxy.tools.clientconfig import (
     DEFAULT_BASE_URL,
     BaseURLError,
@@ -180,8 +182,11 @@ async def _reach(url: URL, timeout: float) -> list[str]:
             f"cannot connect to {host}:{port} ({exc.strerror or exc})",
             "is the server running and the port right? (for the simulator: taotrace sim)",
         ) from None
+    connected = (time.perf_counter() - t) * 1000
+    info = tcpinfo.read(writer.get_extra_info("socket"))
     writer.close()
-    notes.append(f"connected{' with TLS' if tls else ''} ({(time.perf_counter() - t) * 1000:.0f} ms)")
+    rtt = f", round trip {ms(info.round_trip)}" if info is not None and info.round_trip is not None else ""
+    notes.append(f"connected{' with TLS' if tls else ''} ({connected:.0f} ms{rtt})")
     return notes
 
 
@@ -287,8 +292,9 @@ async def check_model(state: _State) -> str:
 async def check_stream(state: _State) -> str:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=state.timeout, sock_read=state.timeout * 6)
     call = Call(API_CHAT, state.target.model, STREAM_PROMPT, 8, dict(state.target.params))
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        m = await measure(session, state.target.base_url, call, api_key=state.target.api_key)
+    timer = ConnectTimer()
+    async with aiohttp.ClientSession(timeout=timeout, trace_configs=[timer.config]) as session:
+        m = await measure(session, state.target.base_url, call, api_key=state.target.api_key, connect_timer=timer)
     if m.status in (401, 403) and not state.target.api_key:
         raise _no_key(state, m.status)
     if m.status in (401, 403):
@@ -317,7 +323,9 @@ async def check_stream(state: _State) -> str:
         else "no usage chunk (stream_options.include_usage ignored: tokens counted from chunks)"
     )
     ttft = f"TTFT {m.ttft_s * 1000:.0f} ms, " if m.ttft_s is not None else ""
-    return f"{m.events} chunks parsed, {m.token_events} tokens, {ttft}{usage}, [DONE] seen"
+    share = network_share(m)
+    network = f"\n{'':<15}{share}" if share else ""  # its own line under the check
+    return f"{m.events} chunks parsed, {m.token_events} tokens, {ttft}{usage}, [DONE] seen{network}"
 
 
 CHECKS: tuple[tuple[str, Callable[[_State], Awaitable[str]]], ...] = (

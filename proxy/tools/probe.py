@@ -1,9 +1,11 @@
 """`taotrace probe`: the article's measurement script as a tool.
 
 Streams one request (or `--runs N`) to any base URL and prints TTFT, total time, output tokens,
-TPOT and tokens/s as the client sees them (definitions in `proxy.tools.client`). `--json` prints
-`{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", ...}`; with `--runs` > 1 the
-top-level numbers are medians and `runs` lists each one.
+TPOT and tokens/s as the client sees them (definitions in `proxy.tools.client`), and how much of
+the TTFT is the network: opening the connection plus one round trip, from the kernel's
+`TCP_INFO` of the connection that carried the request (Linux). `--json` prints
+`{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", "rtt_s", "connect_s",
+"network_s", ...}`; with `--runs` > 1 the top-level numbers are medians and `runs` lists each one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Literal, TextIO
 import aiohttp
 from pydantic import Field
 
-from proxy.tools.client import Call, Measurement, api_name, measure
+from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measure, ms, network_share
 from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
 from proxy.tools.table import align, cell
 
@@ -52,9 +54,10 @@ async def probe(settings: ProbeSettings, target: Target) -> list[Measurement]:
     call = _call(settings, target)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout, sock_read=settings.timeout)
     results: list[Measurement] = []
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    timer = ConnectTimer()
+    async with aiohttp.ClientSession(timeout=timeout, trace_configs=[timer.config]) as session:
         for _ in range(settings.runs):
-            results.append(await measure(session, target.base_url, call, api_key=target.api_key))
+            results.append(await measure(session, target.base_url, call, api_key=target.api_key, connect_timer=timer))
             if not results[-1].ok:
                 break
     return results
@@ -64,12 +67,16 @@ def _ms(value: float | None) -> str:
     return cell(value, 1, 1000, " ms")
 
 
+def _fine_ms(value: float | None) -> str:
+    return "-" if value is None else ms(value)
+
+
 def format_table(results: Sequence[Measurement]) -> str:
-    rows = [("run", "TTFT", "total", "out tok", "TPOT", "tok/s", "in tok", "cached", "usage")]
+    rows = [("run", "TTFT", "network", "RTT", "total", "out tok", "TPOT", "tok/s", "in tok", "cached", "usage")]
     for i, m in enumerate(results, 1):
         rows.append(
-            (str(i), _ms(m.ttft_s), _ms(m.total_s), str(m.output_tokens), _ms(m.tpot_s), cell(m.tokens_per_s, 1),
-             cell(m.input_tokens), cell(m.cached_tokens), m.usage_source)
+            (str(i), _ms(m.ttft_s), _fine_ms(m.network_s), _fine_ms(m.rtt_s), _ms(m.total_s), str(m.output_tokens),
+             _ms(m.tpot_s), cell(m.tokens_per_s, 1), cell(m.input_tokens), cell(m.cached_tokens), m.usage_source)
         )  # fmt: skip
     return "\n".join(align(rows))
 
@@ -79,12 +86,17 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def _fields(m: Measurement) -> dict[str, Any]:
+    return {**m.summary(), "rtt_s": m.rtt_s, "connect_s": m.connect_s, "network_s": m.network_s}
+
+
 def summary(results: Sequence[Measurement], many: bool) -> dict[str, Any]:
     """One run's fields, or (`many`) the medians of the runs plus the `runs` list."""
     if not many:
-        return results[0].summary() if results else {}
-    runs = [m.summary() for m in results]
-    out: dict[str, Any] = {k: _median([r[k] for r in runs]) for k in ("ttft_s", "total_s", "tpot_s", "tokens_per_s")}
+        return _fields(results[0]) if results else {}
+    runs = [_fields(m) for m in results]
+    keys = ("ttft_s", "total_s", "tpot_s", "tokens_per_s", "rtt_s", "network_s")
+    out: dict[str, Any] = {k: _median([r[k] for r in runs]) for k in keys}
     out["output_tokens"] = statistics.median_low([r["output_tokens"] for r in runs]) if runs else None
     out["runs"] = runs
     return out
@@ -108,6 +120,9 @@ def report(settings: ProbeSettings, target: Target, results: Sequence[Measuremen
             out.write(
                 f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {cell(med['tokens_per_s'], 1)} tok/s\n"
             )
+        line = network_share(good[-1]) if good else None  # the last run: on a warm connection when runs > 1
+        if line is not None:
+            out.write(f"network (run {len(good)}): {line}\n")
         if failed is not None:
             out.write(f"error: {failed.error}\n")
     return 0 if failed is None and results else 1
