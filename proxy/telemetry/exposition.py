@@ -238,10 +238,11 @@ class _Buckets:
         self.sum += value
         self.version += 1
         if exemplar is not None:
-            if i not in self.exemplars:
-                self.positions = tuple(sorted((*self.exemplars, i)))
+            new = i not in self.exemplars
             self.exemplars[i] = (exemplar["trace_id"], value, time.time())
             self.rendered.pop(i, None)
+            if new:  # after the exemplar is in: a render in another thread reads positions first
+                self.positions = tuple(sorted(self.exemplars))
 
     def observe_many(self, values: Sequence[float]) -> None:
         """`observe(v)` for each value without exemplars: one bisect each, one sum."""
