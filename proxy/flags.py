@@ -76,7 +76,11 @@ def _number(value: object) -> str:
 
 
 def allowed(field: FieldInfo) -> str:
-    """What a field accepts, in words: `an integer from 0 to 65535`, `one of chat, completions`."""
+    """What a field accepts, in words: `an integer from 0 to 65535`, `one of chat, completions`
+    (or the field's own `json_schema_extra={"allowed": ...}` when its validator takes more)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if extra.get("allowed"):
+        return str(extra["allowed"])
     kind = _unwrap(field.annotation)
     if typing.get_origin(kind) is typing.Literal:
         return "one of " + ", ".join(str(a) for a in typing.get_args(kind))

@@ -167,7 +167,7 @@ class Settings(BaseSettings):
         ge=1,
         le=256,
         description="serving processes sharing the proxy port (auto: one per usable core); 1: a single process",
-        json_schema_extra={"metavar": "N|auto"},
+        json_schema_extra={"metavar": "N|auto", "allowed": "auto, or an integer from 1 to 256"},
     )
 
     attribute_header: Annotated[list[str], NoDecode] = Field(
