@@ -180,6 +180,25 @@ async def test_access_log_lines_come_from_the_workers_as_from_one_process(
     assert "secret" not in err  # no query strings, as in one process
 
 
+async def test_a_worker_that_sends_what_cannot_be_read_is_restarted(
+    slow_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The edge faked: a "worker" process that writes a frame that is not a pickle."""
+    garbage = (
+        "import socket, sys, time; socket.socket(fileno=int(sys.argv[-1])).sendall(b'\\0\\0\\0\\3abc'); time.sleep(60)"
+    )
+    command = (sys.executable, "-c", garbage)
+    async with supervising(settings(slow_upstream, workers=2), worker_command=command, ready_timeout=0.2) as group:
+
+        async def restarted() -> bool:
+            await asyncio.sleep(0)
+            return group.metrics.worker_restarts.labels().get() >= 2
+
+        await eventually(restarted)
+        assert group.readiness() == "starting"
+    assert "cannot read; restarting it" in caplog.text
+
+
 def test_worker_env_keeps_a_given_instance_id_apart_per_worker() -> None:
     env = worker_env(1, {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,service.instance.id=pod-a"})
     assert env["OTEL_RESOURCE_ATTRIBUTES"] == "deployment.environment=prod,service.instance.id=pod-a-1"

@@ -186,8 +186,13 @@ class _Supervisor:
                 child.close()
             reader, writer = await asyncio.open_connection(sock=parent)
             writer.write(encode(("start", self.settings.model_dump(), worker.index)))
-            while (message := await receive(reader)) is not None:
-                self._apply(worker, message)
+            try:
+                while (message := await receive(reader)) is not None:
+                    self._apply(worker, message)
+            except Exception:  # a message we cannot read: restart that worker rather than lose its slot
+                log.exception("worker %d sent a message the supervisor cannot read; restarting it", worker.index)
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.kill()
             returncode = await worker.proc.wait()
             writer.close()
             worker.ready = False
