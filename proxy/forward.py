@@ -104,6 +104,13 @@ class _Relay:
         self.tcp_first: TcpInfo | None = None
 
     @property
+    def stream_error(self) -> str:
+        """The error the stream itself reported mid-way (a chat `{"error": ...}` chunk, an
+        `event: error`), "" if none: a client leaving after it is not an abort."""
+        reader = self.reader
+        return (reader.error_type or "") if reader is not None else ""
+
+    @property
     def done(self) -> bool:
         """The stream's terminal event was written to the client: it has the whole answer."""
         reader = self.reader
@@ -182,6 +189,10 @@ class _Exchange:
         relay, upstream = self.relay, self.upstream
         if relay is not None and upstream is not None and (relay.done or (upstream.complete and not relay.lost)):
             self.t_end = relay.t_written  # the client left with the whole answer: a clean end
+        elif relay is not None and relay.stream_error:
+            # The stream reported its own error and the client (e.g. the OpenAI SDK, which raises
+            # on an error chunk) left on it: the upstream failed the request, the client did not.
+            self.error_type, self.t_end = relay.stream_error, relay.t_written
         else:
             self.error_type = "shutdown" if draining else "client_abort"
 
@@ -380,6 +391,8 @@ class Forwarder:
             if exc.error_type == "client_abort":  # the sink raised: the client left before the end
                 if transport is not None:
                     transport.close()
+                if relay.stream_error:  # ... on the stream's own error (see _Exchange.cancelled)
+                    return relay.stream_error, relay.t_written
                 return "client_abort", None
             _cut_client(request)  # transparent: the client sees the cut it would have seen upstream
             if relay.done:

@@ -260,6 +260,28 @@ async def test_response_failed_is_the_streams_own_error_not_an_abort(
     await eventually(lambda: len(proxy.upstream.completed) == 1)  # the connection was still kept
 
 
+ERROR_EVENTS = {
+    "chat_completions": b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n',
+    "messages": named("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+}
+
+
+@pytest.mark.parametrize("api", list(ERROR_EVENTS))
+async def test_close_on_the_streams_own_error_records_that_error_not_an_abort(
+    api: str, proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
+    """The OpenAI SDK raises on an error chunk and closes: the upstream failed the request (the
+    error-ratio alerts must say so), the client did not abort it. The upstream is still closed."""
+    case = CASES[api]
+    frames = [*case.frames[:3], ERROR_EVENTS[api]]
+    proxy.serve(stream_handler(frames, gap=0.005, linger=2.0))  # no terminal event, no end
+    await close_after(client, proxy.url + case.path, frames[-1])
+    rec = await record(proxy, 1)
+    assert (rec.status_code, rec.error_type) == (200, "stream_error")
+    assert root_span(proxy).attributes["error.type"] == "stream_error"  # type: ignore[attr-defined]
+    await eventually(lambda: bool(proxy.upstream.disconnected))  # not done: the upstream is let go
+
+
 @pytest.mark.parametrize("api", ["chat_completions", "messages"])
 async def test_close_before_the_terminal_event_is_still_an_abort(
     api: str, proxy: Proxied, client: aiohttp.ClientSession
