@@ -176,6 +176,11 @@ def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
         ):
             shown = float(page.get_attribute(f'.wf-row[data-span="{name}"] .wf-dur', "data-seconds") or "nan")
             assert shown == pytest.approx(seconds, abs=1e-9) and spans[name] == pytest.approx(seconds, abs=1e-9)
+        prefill = next(s for s in detail["spans"] if s["name"] == "prefill_wait")
+        if sys.platform.startswith("linux"):  # the round trip drawn inside prefill_wait (TCP_INFO)
+            assert page.locator('.wf-row[data-span="prefill_wait"] .wf-rtt').count() == 2
+            rtt = page.get_attribute('.wf-row[data-span="prefill_wait"] .wf-bar', "data-rtt")
+            assert float(rtt or "nan") == prefill["rtt"] > 0
         assert page.locator("#gaps rect").count() == 47  # 48 tokens
         assert "gpt-4o" in (page.text_content("#trace-title") or "")
         assert page.get_attribute("#trace-link", "href") == TRACE_URL.replace("{trace_id}", big["trace_id"])

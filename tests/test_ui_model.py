@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from proxy.dialects import Usage
+from proxy.tcpinfo import TcpStats
 from proxy.timing import PhaseClock, RequestRecord
 from proxy.ui.render import detail, row
 from proxy.ui.ring import Entry, Query, Ring, compact_gaps, parse_query, select
@@ -157,6 +158,16 @@ def test_window_caps_invented_model_names() -> None:
         window.add(record(model=f"invented-{i}"), now=10.0)
     models = window.snapshot(now=11.0)["models"]
     assert len(models) == 4 and models["other"]["requests"] == 47
+
+
+def test_the_prefill_wait_bar_carries_its_network_round_trip() -> None:
+    tcp = TcpStats(rtt=0.03, rtt_var=0.002, min_rtt=0.02, retransmits=0, out_of_order=0, delivery_rate=None)
+    rec = replace(record(ttft=0.5), tcp=tcp)
+    prefill = {s["name"]: s for s in detail(Entry(seq=1, time=1.0, record=rec))["spans"]}["prefill_wait"]
+    assert prefill["rtt"] == 0.02  # min_rtt: the round trip server_wait takes off
+    assert prefill["server_wait"] == pytest.approx(rec.timing.prefill_wait - 0.02)
+    without = {s["name"]: s for s in detail(Entry(seq=2, time=1.0, record=record()))["spans"]}["prefill_wait"]
+    assert "rtt" not in without and "server_wait" not in without  # no TCP_INFO (not Linux): nothing drawn
 
 
 def test_rows_and_details_carry_the_records_numbers() -> None:

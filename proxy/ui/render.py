@@ -101,7 +101,12 @@ def _spans(e: Entry) -> list[dict[str, Any]]:
         },
     ]
     if t.ttft is not None and t.network is not None:
-        spans.append({"name": "prefill_wait", "start": t.network, "end": t.ttft, "attributes": {}})
+        prefill: dict[str, Any] = {"name": "prefill_wait", "start": t.network, "end": t.ttft, "attributes": {}}
+        rtt = r.tcp.round_trip if r.tcp is not None else None
+        if rtt is not None:  # the one network round trip inside it (TCP_INFO, Linux); the rest, server_wait
+            prefill["rtt"] = rtt
+            prefill["server_wait"] = r.server_wait
+        spans.append(prefill)
         spans.append(
             {
                 "name": "decode",

@@ -133,6 +133,21 @@ function flatten(obj, prefix = "", out = []) {
   }
   return out;
 }
+// The network round trip inside prefill_wait: half going out with the request, half coming back
+// with the first token; the rest is the provider's own wait (server_wait, an estimate).
+function rttInside(bar, s) {
+  const length = s.end - s.start || 1e-9;
+  const half = Math.min(50, (50 * s.rtt) / length);
+  for (const side of ["left", "right"]) {
+    const part = document.createElement("span");
+    part.className = "wf-rtt";
+    part.style[side] = "0";
+    part.style.width = `${half}%`;
+    bar.append(part);
+  }
+  bar.title = `one network round trip ${msUnit(s.rtt)} (TCP min_rtt), server wait ≈ ${msUnit(s.server_wait ?? 0)} of ${msUnit(length)}`;
+  bar.dataset.rtt = String(s.rtt);
+}
 function waterfall(d) {
   const box = $("waterfall");
   const total = d.spans[0].end || 1e-9;
@@ -149,6 +164,7 @@ function waterfall(d) {
     bar.className = `wf-bar ${i === 0 ? "root" : s.name}`;
     bar.style.left = `${(100 * s.start) / total}%`;
     bar.style.width = `${Math.max(0.2, (100 * (s.end - s.start)) / total)}%`;
+    if (s.rtt != null) rttInside(bar, s);
     track.append(bar);
     const dur = document.createElement("span");
     dur.className = "wf-dur num";
@@ -216,6 +232,7 @@ async function showTrace(id) {
   if (d.trace_url) link.href = d.trace_url;
   waterfall(d);
   const t = r.timing;
+  const prefill = d.spans.find((s) => s.name === "prefill_wait");
   kvRows($("conn"), [
     ["connection reused", t.connection_reused == null ? "–" : t.connection_reused ? "yes" : "no (new connection)"],
     ["pool wait", msUnit(t.pool_wait)],
@@ -227,6 +244,9 @@ async function showTrace(id) {
     ...("ttfc" in t ? [["TTFC (first streamed chunk)", msUnit(t.ttfc)]] : []),
     ["TTFT (first token)", msUnit(t.ttft)],
     ["first token − first byte", t.ttft != null && t.ttfb != null ? msUnit(t.ttft - t.ttfb) : "–"],
+    ...(prefill && prefill.rtt != null
+      ? [["round trip (TCP min_rtt)", msUnit(prefill.rtt)], ["server wait (estimate)", msUnit(prefill.server_wait)]]
+      : []),
   ]);
   gapStrip(d);
   kvRows($("attrs"), flatten(r));
