@@ -30,6 +30,7 @@ from opentelemetry.sdk.resources import Resource
 
 from proxy import __version__
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
+from proxy.telemetry.otlp_env import otlp_target
 from proxy.telemetry.sdk_internals import BulkRecorder
 from proxy.timing import RequestRecord
 
@@ -85,23 +86,18 @@ def _exporter_from_env(env: Mapping[str, str]) -> MetricExporter | None:
         return ConsoleMetricExporter(preferred_temporality=_temporality(env))
     if kind != "otlp":
         return None  # metrics export is opt-in (the SDK's own default would be otlp)
-    metrics_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not (metrics_endpoint or endpoint):
-        return None  # no endpoint: no network export is attempted
-    protocol = (
-        env.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    ).lower()
+    target = otlp_target(env, "metrics")
+    if target is None:
+        return None
+    protocol, endpoint = target
     # Headers, timeout, compression and certificates the exporters read from the process environment.
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
 
-        return GrpcExporter(endpoint=metrics_endpoint or endpoint, preferred_temporality=_temporality(env))
+        return GrpcExporter(endpoint=endpoint, preferred_temporality=_temporality(env))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-    # Per the spec, the generic endpoint gets the signal path appended; the metrics one is used as is.
-    url = metrics_endpoint or f"{(endpoint or '').rstrip('/')}/v1/metrics"
-    return HttpExporter(endpoint=url, preferred_temporality=_temporality(env))
+    return HttpExporter(endpoint=endpoint, preferred_temporality=_temporality(env))
 
 
 def _millis(env: Mapping[str, str], name: str) -> float | None:

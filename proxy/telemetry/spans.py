@@ -34,6 +34,7 @@ from opentelemetry.util import types
 from proxy import __version__
 from proxy.dialects import RequestInfo
 from proxy.telemetry import sdk_internals
+from proxy.telemetry.otlp_env import otlp_target
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.timing import RequestRecord, RequestTiming
 
@@ -49,20 +50,16 @@ def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
         return None
     if kind == "console":
         return ConsoleSpanExporter()
-    traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not (traces_endpoint or endpoint):
-        return None  # no endpoint: no network export is attempted
-    protocol = (
-        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    ).lower()
+    target = otlp_target(env, "traces")
+    if target is None:
+        return None
+    protocol, endpoint = target
     # The endpoint is passed explicitly so a mapping given here wins; headers, timeout,
     # compression and certificates are read by the exporter from the process environment.
     # The library's exporters, encoding with proxy.telemetry.otlp (the same bytes, ~5x less CPU per span).
     if protocol == "grpc":
-        return sdk_internals.grpc_exporter(traces_endpoint or endpoint or "")
-    # Per the spec, the generic endpoint gets the signal path appended; the traces one is used as is.
-    return sdk_internals.http_exporter(traces_endpoint or f"{(endpoint or '').rstrip('/')}/v1/traces")
+        return sdk_internals.grpc_exporter(endpoint)
+    return sdk_internals.http_exporter(endpoint)
 
 
 def build_tracer_provider(env: Mapping[str, str] | None = None) -> TracerProvider:
