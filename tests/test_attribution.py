@@ -238,3 +238,20 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
         await upstream.close()
     ids = {dict(r.attributes)[KEY_ID] for r in records}
     assert len(ids) == 1 and len(ids.pop()) == 12
+
+
+def test_cached_key_ids_equal_the_hmac_and_the_cache_holds_no_key() -> None:
+    # The Attributor remembers recent keys' ids; whatever it answers from the cache, evicted or
+    # not, is the salted HMAC, and what it keeps is digests, never the key text.
+    attributor = Attributor((), body_user=False, salt=SALT, key_id_cache=4)
+    keys = [f"sk-key-{i:02d}-{'x' * 40}" for i in range(10)]
+    for _ in range(3):  # misses, evictions, then misses again: ids stay the same
+        for key in [*keys[:3], *keys, *keys[:3]]:
+            assert dict(attributor({"Authorization": f"Bearer {key}"}, None)) == {KEY_ID: key_id(SALT, key)}
+    cache = attributor._ids  # private: the one place to check what stays in memory
+    assert len(cache) == 4  # bounded
+    blob = b"".join(cache) + "".join(cache.values()).encode()
+    assert all(len(digest) == 16 for digest in cache) and not any(key[3:].encode() in blob for key in keys)
+    other = Attributor((), body_user=False, salt=SALT)  # another process (or attributor): other digests
+    other.key_id(keys[0])
+    assert not set(other._ids) & set(attributor._ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -208,3 +209,14 @@ def test_the_error_tree_is_drawn_whole() -> None:
         if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == "proxy.errors"
     }
     assert drawn == defined
+
+
+def test_observe_many_counts_every_value_even_a_nan() -> None:
+    # The bulk path walks sorted runs; a NaN (never a real timing) must not stall it or lose a
+    # count: every value lands in one bucket, as many counts as values.
+    fast = exposition.Histogram("h", "h", ["api"], buckets=BUCKETS_TOKEN)
+    values = [0.003, math.nan, 0.001, math.inf, -1.0, math.nan, 0.003, 7.0]
+    fast.labels("x").observe_many(values)
+    (family,) = [fast.collect()]
+    counts = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert counts["+Inf"] == len(values)

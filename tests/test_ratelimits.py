@@ -160,3 +160,11 @@ async def test_a_response_without_a_model_sets_no_gauge(
     assert "taotrace_ratelimit_remaining{" not in text  # the span still has the headers
     (root,) = (s for s in p.spans() if s.kind.name == "CLIENT")
     assert root.attributes["taotrace.ratelimit.requests.remaining"] == 7
+
+
+def test_header_names_match_in_any_case_and_values_never_do() -> None:
+    # The quick check before the per-header loop looks at names only, case-insensitively.
+    got = read_rate_limits([("Server", "x"), ("X-RateLimit-Remaining-Requests", "7")], NOW)
+    assert got is not None and got.limits == (RateLimit(kind="requests", remaining=7),)
+    assert read_rate_limits([("x-note", "x-ratelimit-remaining-requests: 7, retry-after: 1")], NOW) is None
+    assert read_rate_limits((), NOW) is None

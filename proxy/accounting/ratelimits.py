@@ -12,7 +12,7 @@ does not parse is left out, never guessed.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -98,9 +98,14 @@ def parse_reset(value: str, now: float) -> float | None:
     return _seconds(max(0.0, when.timestamp() - now))
 
 
-def read_rate_limits(headers: Iterable[tuple[str, str]], now: float) -> RateLimits | None:
+def read_rate_limits(headers: Collection[tuple[str, str]], now: float) -> RateLimits | None:
     """The rate-limit headers among `headers`, or None when there are none. `now`: the epoch time
     the headers arrived."""
+    # Most upstreams send none: one C-level search of the names (~0.3 µs) spares the per-header
+    # loop below (~1 µs for six headers).
+    names = "\n".join([key for key, _ in headers]).lower()
+    if "ratelimit-" not in names and "retry-after" not in names:
+        return None
     found: dict[str, dict[str, str]] = {}
     retry_after: float | None = None
     retry_after_ms: float | None = None

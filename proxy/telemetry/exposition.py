@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
 from typing import Generic, TypeVar, cast
@@ -34,6 +34,7 @@ __all__ = [
     "Gauge",
     "Histogram",
     "HistogramChild",
+    "ValueChild",
     "Registry",
     "TEXT_CONTENT_TYPE",
     "OPENMETRICS_CONTENT_TYPE",
@@ -245,12 +246,22 @@ class _Buckets:
                 self.positions = tuple(sorted(self.exemplars))
 
     def observe_many(self, values: Sequence[float]) -> None:
-        """`observe(v)` for each value without exemplars: one bisect each, one sum."""
+        """`observe(v)` for each value without exemplars, one pass per bucket touched.
+
+        Sorted (in C), the values of one bucket are a run: two bisects count it, so a stream's
+        gaps, which fall in a few buckets, cost a sort rather than a Python step per value
+        (0.4 vs 1.8 µs for 19 relay timings, 7.6 vs 24 µs for 255 gaps; tests/bench/finish_micro.py).
+        """
         if not values:
             return
         bounds, counts = self.bounds, self.counts
-        for v in values:
-            counts[bisect_left(bounds, v)] += 1
+        ordered = sorted(values)
+        n, pos = len(ordered), 0
+        while pos < n:
+            i = bisect_left(bounds, ordered[pos])  # the bucket of the smallest value left
+            end = bisect_right(ordered, bounds[i], pos + 1)  # ... and every value up to its bound (a NaN: itself)
+            counts[i] += end - pos
+            pos = end
         self.sum += sum(values)
         self.version += 1
 
@@ -302,6 +313,7 @@ MAX_BUCKETS = 512
 
 
 HistogramChild = _Buckets  # what `Histogram.labels(...)` returns
+ValueChild = _Value  # what `Counter.labels(...)` and `Gauge.labels(...)` return
 
 
 class Histogram(_Family[_Buckets]):

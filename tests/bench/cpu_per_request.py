@@ -1,0 +1,115 @@
+"""Proxy CPU per request, A/B: each arm's `python -m proxy serve` under the same steady load, in turns.
+
+    python tests/bench/cpu_per_request.py --arm new=. --arm base=/tmp/base --repeat 3
+    python tests/bench/cpu_per_request.py --arm new=. --arm base=/tmp/base --otlp   # spans to a live sink
+
+One bench upstream (`upstream.py`, 20 ms TTFT, 1 ms between tokens) and, with `--otlp`, one OTLP
+sink serve every arm. Each round starts each arm's proxy afresh, warms it up, then reads the CPU
+of its threads (/proc/<pid>/task/*/schedstat, ns) around `load.py` (C streams started together,
+repeated for S seconds) and divides by the streams completed. Arms alternate within a round, so
+a noisy neighbour on a shared machine hits both. An arm is a directory holding a `proxy/` package
+(a checkout or `git worktree add /tmp/base main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from procs import Proc, cpu_ns, free_port, wait_port
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+
+
+def _load(port: int, concurrency: int, tokens: int, seconds: float) -> int:
+    out = subprocess.run(
+        [PY, str(HERE / "load.py"), "--port", str(port), "--concurrency", str(concurrency),
+         "--tokens", str(tokens), "--seconds", str(seconds)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    m = re.search(r"(\d+) streams, (\d+) errors", out)
+    if m is None:
+        raise RuntimeError(f"load.py printed no summary: {out!r}")
+    if int(m.group(2)):
+        raise RuntimeError(f"load.py: {out.strip()}")
+    return int(m.group(1))
+
+
+def measure(src: Path, env: dict[str, str], upstream: int, args: argparse.Namespace, logdir: Path) -> float:
+    """µs of proxy CPU per completed stream, one fresh proxy from `src`."""
+    port, mport = free_port(), free_port()
+    proc = Proc(
+        "proxy",
+        [PY, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream}",
+         "--port", str(port), "--metrics-port", str(mport)],
+        logdir / f"proxy-{src.name}.log", env=env, cwd=str(src),
+    ).start()  # fmt: skip
+    try:
+        wait_port(port, 30, proc.popen)
+        _load(port, args.concurrency, args.tokens, args.warmup)
+        pids = proc.pids(refresh=True)
+        before = cpu_ns(pids)
+        streams = _load(port, args.concurrency, args.tokens, args.seconds)
+        return (cpu_ns(pids) - before) / streams / 1e3
+    finally:
+        proc.popen.terminate()  # type: ignore[union-attr]
+        proc.popen.wait(10)  # type: ignore[union-attr]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arm", action="append", required=True, help="NAME=DIR (a directory with proxy/)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument(
+        "--otlp", action="store_true", help="export spans to a live OTLP sink (else OTEL_TRACES_EXPORTER=none)"
+    )
+    ap.add_argument("--logs", type=Path, default=Path("/tmp/cpu_per_request"))
+    args = ap.parse_args()
+    arms = {name: Path(d).resolve() for name, _, d in (a.partition("=") for a in args.arm)}
+    args.logs.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TAOTRACE_"))}
+    upstream = free_port()
+    helpers = [
+        Proc("upstream", [PY, str(HERE / "upstream.py"), "--port", str(upstream), "--ttft-ms", "20",
+                          "--interval-ms", "1"], args.logs / "upstream.log", env=env).start()
+    ]  # fmt: skip
+    wait_port(upstream, 30, helpers[0].popen)
+    penv = dict(env)
+    if args.otlp:
+        sink = free_port()
+        helpers.append(
+            Proc("sink", [PY, str(HERE / "otlp_sink.py"), "--port", str(sink)], args.logs / "sink.log", env=env).start()
+        )
+        wait_port(sink, 30, helpers[-1].popen)
+        penv.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{sink}", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+    else:
+        penv["OTEL_TRACES_EXPORTER"] = "none"
+    results: dict[str, list[float]] = {name: [] for name in arms}
+    try:
+        for i in range(args.repeat):
+            for name, src in arms.items():
+                us = measure(src, penv, upstream, args, args.logs)
+                results[name].append(us)
+                print(f"round {i + 1} {name}: {us:.0f} us/request", flush=True)
+                time.sleep(0.5)
+    finally:
+        for h in helpers:
+            h.popen.terminate()  # type: ignore[union-attr]
+    for name, values in results.items():
+        print(f"{name}: median {statistics.median(values):.0f} us/request, "
+              f"range {min(values):.0f}-{max(values):.0f} ({', '.join(f'{v:.0f}' for v in values)})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
