@@ -1,8 +1,10 @@
 """JSON for the live view's API, from ring entries. Pure.
 
-A row carries what the requests table shows; a detail carries the whole record (every field,
-so fields added to `RequestRecord` later show up without a change here), the phase spans as
-offsets from the request's start, and the inter-token gaps.
+A row carries what the requests table shows, plus the first token's instant on the host's
+monotonic clock (for scripts comparing it with another process's clock on the same host); a
+detail carries the whole record (every field, so fields added to `RequestRecord` later show up
+without a change here), the phase spans as offsets from the request's start, and the inter-token
+gaps.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ __all__ = ["detail", "row"]
 
 # Field names that could hold prompt or completion text: shown only with --capture-content.
 _CONTENT_WORDS = ("content", "message", "prompt", "completion", "text")
-# Monotonic-clock instants mean nothing outside the process; the spans below carry them as offsets.
+# Monotonic-clock instants mean nothing to a reader; the spans below carry them as offsets.
 _INSTANTS = {"start", "end", "sent", "first_token", "last_token"}
 
 
@@ -45,6 +47,9 @@ def row(e: Entry) -> dict[str, Any]:
         "output_tokens": u.output_tokens,
         "input_tokens": u.input_tokens,
         "cached_input_tokens": u.cached_input_tokens,
+        # CLOCK_MONOTONIC seconds (time.perf_counter on Linux), the same clock in every process on
+        # the host: what another process's own timestamps can be compared with (the benchmark's).
+        "first_token_monotonic": t.first_token,
     }
 
 

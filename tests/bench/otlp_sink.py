@@ -1,8 +1,9 @@
 """An OTLP/HTTP sink: accepts exports, counts them, discards them.
 
 `POST /v1/traces` (and /v1/metrics, /v1/logs), protobuf or JSON, gzip or not, answers 200 with
-an empty export response, as a collector does. Spans are counted by decoding the protobuf, so the
-benchmark can prove that the "telemetry on" arm really exported. `GET /stats` returns the counts.
+an empty export response, as a collector does. Spans are counted by decoding the protobuf, in all
+(`spans`) and per `service.name` (`spans:<name>`), so the benchmark can prove that each
+"telemetry on" arm really exported. `GET /stats` returns the counts.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ from payload import run
 STATS: web.AppKey[dict[str, int]] = web.AppKey("stats", dict)
 
 
-def _count_spans(body: bytes) -> int:
+def _count_spans(body: bytes) -> dict[str, int]:
+    """Spans per service.name."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     req = ExportTraceServiceRequest()
     req.ParseFromString(body)
-    return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    out: dict[str, int] = {}
+    for rs in req.resource_spans:
+        name = next((a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), "")
+        out[name] = out.get(name, 0) + sum(len(ss.spans) for ss in rs.scope_spans)
+    return out
 
 
 async def export(request: web.Request) -> web.Response:
@@ -38,7 +44,9 @@ async def export(request: web.Request) -> web.Response:
     stats[f"{signal}_requests"] = stats.get(f"{signal}_requests", 0) + 1
     stats[f"{signal}_bytes"] = stats.get(f"{signal}_bytes", 0) + len(body)
     if signal == "traces" and request.content_type == "application/x-protobuf":
-        stats["spans"] = stats.get("spans", 0) + _count_spans(body)
+        for name, n in _count_spans(body).items():
+            stats["spans"] = stats.get("spans", 0) + n
+            stats[f"spans:{name}"] = stats.get(f"spans:{name}", 0) + n
     if request.content_type == "application/json":
         return web.json_response({})
     return web.Response(body=b"", content_type="application/x-protobuf")

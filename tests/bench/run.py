@@ -14,6 +14,12 @@ together on pre-opened keep-alive connections; TTFT runs from the moment a reque
 to the arrival of the first token event. Proxy CPU comes from /proc/<pid>/task/*/schedstat
 (nanoseconds), memory from VmRSS, both summed over the proxy's process tree.
 
+First token against the upstream's own write: for the taotrace arms, the bench upstream keeps
+the instant it wrote each stream's token 0 (keyed by the trace id in the `traceparent` taotrace
+sends it) and the proxy's live view gives its own first-token instant per trace id
+(`first_token_monotonic` of `/api/requests`, read between batches before the ring forgets it);
+both are CLOCK_MONOTONIC, so the difference is how late the proxy stamped (and relayed) the token.
+
 Results: a table on stdout, JSON in tests/bench/results/ (latest.json and a dated copy), and
 every child's log beside it.
 """
@@ -44,6 +50,7 @@ sys.path.insert(0, str(HERE))
 from client import HOLD_MODEL, MODEL, SATURATE_MODEL, Pool, StreamStats, analyse, request_bytes  # noqa: E402
 from payload import run as aio_run  # noqa: E402
 from procs import Proc, free_port, wait_port  # noqa: E402
+from samples import batch_spread, first_token_lags, lag_summary, pct, proxy_first_tokens  # noqa: E402
 
 PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
@@ -53,6 +60,7 @@ ARM_ORDER = (
 )  # fmt: skip
 BOTH_CPUS = "0,1"  # the two-worker arms run on both cores (beside the load generator on core 0)
 HOLD_TOKENS = 4
+UI_RING = 1000  # the live view's ring at its default --ui-requests: rows are read before it wraps
 SATURATION = 256  # streams at a time in the throughput test: more than one core forwards
 MS = 1e6  # ns per ms
 
@@ -116,6 +124,10 @@ class Arm:
     pool: Pool = field(init=False)
     pending: tuple[Cell, int, int] | None = None  # (cell, batch index, cpu ns at batch start)
     rss: dict[str, int] = field(default_factory=dict)
+    # the live view's rows read so far: trace id -> the proxy's first-token instant (CLOCK_MONOTONIC s)
+    first_tokens: dict[str, float] = field(default_factory=dict)
+    ui_seq: int = 0  # the last ring seq read
+    ui_unread: int = 0  # requests sent since the last read (the ring keeps UI_RING)
 
     def __post_init__(self) -> None:
         self.pool = Pool("127.0.0.1", self.port)
@@ -144,6 +156,7 @@ class Cell:
     events: int = 0
     errors: Counter = field(default_factory=Counter)
     batches: list[list[int]] = field(default_factory=list)  # [requests, events, cpu ns]
+    upstream_first: list[dict[str, float]] = field(default_factory=list)  # per batch: trace id -> token 0 written
 
 
 class Bench:
@@ -295,7 +308,7 @@ class Bench:
             penv.update(
                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{self.sink_port}",
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                OTEL_SERVICE_NAME="taotrace-bench",
+                OTEL_SERVICE_NAME=f"taotrace-bench-{name}",  # the sink counts spans per arm
             )
         if name == "taotrace-metrics":  # spans as in `taotrace`, plus the GenAI metrics over OTLP
             penv.update(OTEL_METRICS_EXPORTER="otlp", OTEL_METRIC_EXPORT_INTERVAL="5000")
@@ -376,6 +389,9 @@ class Bench:
             await asyncio.sleep(0.01)  # let the proxy finish accepting before the clock starts
         raw = request_bytes("127.0.0.1", arm.port, "/v1/chat/completions", model, tokens)
         self._close_pending(arm)
+        if record and arm.metrics_port and arm.ui_unread + conc > UI_RING:
+            await self.read_first_tokens(arm)  # before this batch pushes unread rows out of the ring
+        arm.ui_unread += conc
         cpu0 = arm.cpu()
         futs = [c.send(raw) for c in conns]
         timeout = 30 + 20 * (self.plan.ttft_ms + tokens * self.plan.interval_ms) / 1e3
@@ -406,6 +422,8 @@ class Bench:
             cell.events += events
             cell.batches.append([conc, events, 0])
             arm.pending = (cell, len(cell.batches) - 1, cpu0)
+            if arm.metrics_port:  # this batch's token-0 writes (the upstream is on the load's core)
+                cell.upstream_first.append(await self.upstream_first_tokens())
         await asyncio.sleep(0.005)
         return results
 
@@ -424,8 +442,32 @@ class Bench:
                 for arm in self.arms.values():
                     await self.batch(arm, conc, 16, record=False)
 
+    async def upstream_first_tokens(self) -> dict[str, float]:
+        """The upstream's token-0 instants since the last call (it forgets them on reading)."""
+        got = await http_get_json(self.upstream_port, "/bench/first_tokens")
+        return {k: v for k, v in got.items() if isinstance(v, float)}
+
+    async def read_first_tokens(self, arm: Arm, settle: float = 0.05) -> None:
+        """The arm's live-view rows since the last read: its first-token instant per trace id.
+
+        `settle` first: with workers, records reach the supervisor's ring in batches of up to 20 ms.
+        A read is between batches, after the CPU of the last one is closed: it counts in none."""
+        await asyncio.sleep(settle)
+        assert arm.metrics_port
+        got = await http_get_json(arm.metrics_port, f"/api/requests?limit={UI_RING}&since={arm.ui_seq}")
+        rows, seq = got.get("requests"), got.get("last_seq")
+        if isinstance(rows, list) and isinstance(seq, int):
+            arm.first_tokens.update(proxy_first_tokens(rows))
+            arm.ui_seq = seq
+        arm.ui_unread = 0
+        await asyncio.sleep(0.005)  # the proxy closes that connection before the next batch
+
     async def sweep(self) -> None:
         arms = list(self.arms.values())
+        await self.upstream_first_tokens()  # forget the warm-up's and the hold test's
+        for arm in arms:
+            if arm.metrics_port:
+                await self.read_first_tokens(arm, settle=0.1)  # the cursor: rows from here on
         for rnd in range(self.plan.rounds):
             t0 = time.monotonic()
             for conc in self.plan.concurrency:
@@ -438,6 +480,10 @@ class Bench:
                         for arm in arms[k:] + arms[:k]:
                             await self.batch(arm, conc, tokens, record=True)
                 after = await self.overhead_snapshot()
+                await asyncio.sleep(0.05)  # let the last records reach the rings
+                for arm in arms:
+                    if arm.metrics_port:
+                        await self.read_first_tokens(arm, settle=0.0)
                 for name, values in after.items():
                     acc = self.overhead.setdefault((name, conc), [0.0, 0.0, 0.0, 0.0])
                     for i, v in enumerate(values):
@@ -614,17 +660,6 @@ async def http_get_text(port: int, path: str) -> str:
 # --------------------------------------------------------------------------------------- report
 
 
-def pct(values: array | list[int], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), in the values' unit."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def fit_cpu(batches: list[list[int]]) -> tuple[float, float]:
     """Least squares cpu = a*requests + b*events: fixed µs per request, marginal µs per event."""
     srr = sre = see = src = sec = 0.0
@@ -645,10 +680,21 @@ def fit_cpu(batches: list[list[int]]) -> tuple[float, float]:
 def reduce(bench: Bench) -> dict[str, object]:
     rows = []
     pooled: dict[tuple[str, int], dict[str, array]] = {}
-    for (arm, conc, _tokens), c in bench.cells.items():
-        p = pooled.setdefault((arm, conc), {"ttft": array("q"), "gaps": array("q")})
+    lags: dict[tuple[str, int, int], list[int]] = {}  # proxy first-token stamp - upstream write, ns
+    for (arm, conc, tokens), c in bench.cells.items():
+        p = pooled.setdefault((arm, conc), {"ttft": array("q"), "gaps": array("q"), "lag": array("q")})
         p["ttft"].extend(c.ttft)
         p["gaps"].extend(c.gaps)
+        if c.upstream_first:
+            stamps = bench.arms[arm].first_tokens
+            lags[(arm, conc, tokens)] = [v for b in c.upstream_first for v in first_token_lags(b, stamps)]
+            p["lag"].extend(lags[(arm, conc, tokens)])
+            p.setdefault("lag_expected", array("q")).append(sum(map(len, c.upstream_first)))
+            for b in c.upstream_first:
+                spread = batch_spread(b, stamps)
+                if spread is not None:
+                    p.setdefault("write_spread", array("q")).append(spread[0])
+                    p.setdefault("stamp_spread", array("q")).append(spread[1])
     for (arm, conc, tokens), c in sorted(
         bench.cells.items(), key=lambda kv: (ARM_ORDER.index(kv[0][0]), kv[0][1], kv[0][2])
     ):
@@ -677,6 +723,8 @@ def reduce(bench: Bench) -> dict[str, object]:
             row["added_ttft_p50_ms"] = row["ttft_p50_ms"] - pct(d.ttft, 0.5) / MS
             row["added_ttft_p99_ms"] = row["ttft_p99_ms"] - pct(d.ttft, 0.99) / MS
             row["added_gap_p99_ms"] = row["gap_p99_ms"] - pct(d.gaps, 0.99) / MS if d.gaps and c.gaps else None
+        if (arm, conc, tokens) in lags:
+            row["first_token_lag"] = lag_summary(lags[(arm, conc, tokens)], sum(map(len, c.upstream_first)))
         rows.append(row)
 
     by_conc = []
@@ -694,6 +742,11 @@ def reduce(bench: Bench) -> dict[str, object]:
             entry["added_ttft_p50_ms"] = entry["ttft_p50_ms"] - pct(d["ttft"], 0.5) / MS
             entry["added_ttft_p99_ms"] = entry["ttft_p99_ms"] - pct(d["ttft"], 0.99) / MS
             entry["added_gap_p99_ms"] = entry["gap_p99_ms"] - pct(d["gaps"], 0.99) / MS
+        if "lag_expected" in p:
+            entry["first_token_lag"] = lag_summary(p["lag"], sum(p["lag_expected"]))
+            if "write_spread" in p:  # batches of 2 or more: first-token writes vs stamps, first to last
+                entry["first_token_lag"]["write_spread_p50_ms"] = pct(p["write_spread"], 0.5) / MS
+                entry["first_token_lag"]["stamp_spread_p50_ms"] = pct(p["stamp_spread"], 0.5) / MS
         own = bench.overhead.get((arm, conc))
         if own and own[1] and own[3]:
             # What the proxy says it cost a first token: its request stage plus one relay.
@@ -718,7 +771,16 @@ def reduce(bench: Bench) -> dict[str, object]:
             info["hold"] = bench.hold[name]
         arms[name] = info
 
-    return {"rows": rows, "by_concurrency": by_conc, "arms": arms, "throughput": bench.throughput}
+    sink = bench.checks.get("otlp_sink") or {}
+    exporting = [n for n in bench.arms if n.startswith("taotrace") and n != "taotrace-noexport"]
+    spans = {n: sink.get(f"spans:taotrace-bench-{n}", 0) for n in exporting}  # type: ignore[union-attr]
+    return {
+        "rows": rows,
+        "by_concurrency": by_conc,
+        "arms": arms,
+        "throughput": bench.throughput,
+        "otlp_spans": spans,
+    }
 
 
 def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
@@ -783,6 +845,25 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
         add("[w2] 1,000 streams started together, byte-exact", None, "all", None)
     v = a2.get("hold", {}).get("kib_per_stream")
     add(f"[w2] RSS per idle open stream ({plan.hold} held)", v, "<= 24 KiB", None if v is None else v <= 24)
+    # issue 15, telemetry off the serving thread's back: the proxy's first-token stamp against the
+    # upstream's own write, and what exporting spans adds to the one-stream tail
+    for arm, tag in (("taotrace", ""), ("taotrace-w2", "[w2] ")):
+        for conc in (1, 32):
+            lag = bc.get((arm, conc), {}).get("first_token_lag") or {}
+            for q in ("p95", "p99"):
+                v = lag.get(f"{q}_ms")
+                add(
+                    f"{tag}first token stamped after the upstream's write, {q} @ {conc}",
+                    v,
+                    "<= 1 ms",
+                    None if v is None else v <= 1.0,
+                )
+    off = bc.get(("taotrace-noexport", 1), {}).get("added_ttft_p99_ms")
+    on = bc.get((tt, 1), {}).get("added_ttft_p99_ms")
+    v = None if on is None or off is None else on - off
+    add("added TTFT p99 @ 1 stream, export on - export off", v, "<= 0.2 ms", None if v is None else v <= 0.2)
+    for arm, spans in result.get("otlp_spans", {}).items():  # type: ignore[union-attr]
+        add(f"spans of {arm} received by the OTLP sink (export on is live)", spans, "> 0", spans > 0)
     return out
 
 
@@ -862,6 +943,25 @@ def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
                 f"  own {fmt(e.get('own_first_token_ms'), 3):>6}"
             )
     print("  (own: the arm's taotrace_proxy_overhead_seconds, mean request stage + mean relay per read)")
+    lagged = [e for e in result["by_concurrency"] if e.get("first_token_lag")]  # type: ignore[union-attr]
+    if lagged:
+        print()
+        print(
+            "first token: the proxy's stamp minus the upstream's write of token 0 (ms; CLOCK_MONOTONIC, by trace id):"
+        )
+        for e in lagged:
+            g = e["first_token_lag"]
+            print(
+                f"  {e['arm']:18} conc {e['concurrency']:>4}  matched {g['matched']:>5}/{g['expected']:<5}"
+                f"  p50 {fmt(g['p50_ms'], 3):>6}  p95 {fmt(g['p95_ms'], 3):>6}  p99 {fmt(g['p99_ms'], 3):>6}"
+                f"  max {fmt(g['max_ms'], 3):>6}"
+                + (
+                    f"   per batch, first to last: written in {fmt(g['write_spread_p50_ms'], 3)},"
+                    f" stamped in {fmt(g['stamp_spread_p50_ms'], 3)} (p50)"
+                    if "write_spread_p50_ms" in g
+                    else ""
+                )
+            )
     if result.get("ratios"):
         print()
         print("ratios:")

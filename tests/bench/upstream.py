@@ -11,6 +11,11 @@ upstream costs little of the shared core and adds no jitter of its own. Each
 
 Model `bench-hold` stops after token 0 and holds the stream open until `GET /bench/release`
 (the idle-stream memory test). `GET /bench/stats` returns counters as JSON.
+
+For a request that carries a `traceparent` (taotrace sends one upstream, with the trace id of its
+own record), the instant token 0 was written is kept: `time.perf_counter()` right after
+`transport.write`, CLOCK_MONOTONIC on Linux, the clock the proxy stamps its first token with.
+`GET /bench/first_tokens` returns them as `{trace_id: seconds}` and forgets them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import asyncio
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -52,15 +58,19 @@ class Stats:
     aborted: int = 0
     active: int = 0
     held: set[Stream] = field(default_factory=set)
+    first_writes: dict[str, float] = field(default_factory=dict)  # trace id -> token 0 written (perf_counter)
 
 
 class Stream:
     """One paced response; owns its timer."""
 
-    __slots__ = ("conn", "frames", "n", "i", "t0", "ttft", "interval", "timer", "hold", "stats")
+    __slots__ = ("conn", "frames", "n", "i", "t0", "ttft", "interval", "timer", "hold", "stats", "trace_id")
 
-    def __init__(self, conn: Conn, model: str, n_tokens: int, ttft: float, interval: float, stats: Stats) -> None:
+    def __init__(
+        self, conn: Conn, model: str, n_tokens: int, ttft: float, interval: float, stats: Stats, trace_id: str
+    ) -> None:
         self.conn = conn
+        self.trace_id = trace_id  # "" when the request carried no traceparent
         self.frames = framed_events(model, n_tokens)
         self.n = n_tokens
         self.i = 0  # next token index
@@ -81,6 +91,8 @@ class Stream:
             return
         if self.i < self.n:
             conn.transport.write(self.frames[1 + self.i])
+            if self.i == 0 and self.trace_id:
+                self.stats.first_writes[self.trace_id] = time.perf_counter()  # uvloop has sent it
             self.i += 1
         if self.i >= self.n:
             for frame in self.frames[1 + self.n :]:
@@ -175,7 +187,7 @@ class Conn(asyncio.Protocol):
             pos += length
         del self.buf[:pos]
         self.close_after = headers.get("connection", "").lower() == "close"
-        self._handle(method, target, bytes(body))
+        self._handle(method, target, bytes(body), headers.get("traceparent", ""))
 
     def _reply(self, status: str, body: bytes, ctype: str = "application/json") -> None:
         self.transport.write(
@@ -184,7 +196,7 @@ class Conn(asyncio.Protocol):
         )
         self.response_done()
 
-    def _handle(self, method: str, target: str, body: bytes) -> None:
+    def _handle(self, method: str, target: str, body: bytes, traceparent: str = "") -> None:
         path = target.split("?", 1)[0]
         if method == "POST" and path.endswith("/chat/completions"):
             req = orjson.loads(body) if body else {}
@@ -197,7 +209,13 @@ class Conn(asyncio.Protocol):
             self.stats.active += 1
             fast = model == SATURATE_MODEL
             self.stream = Stream(
-                self, model, n, 0.001 if fast else self.ttft, 0.001 if fast else self.interval, self.stats
+                self,
+                model,
+                n,
+                0.001 if fast else self.ttft,
+                0.001 if fast else self.interval,
+                self.stats,
+                traceparent[3:35],  # 00-<trace id>-<parent id>-<flags>
             )
         elif path == "/bench/release":
             held = list(self.stats.held)
@@ -205,6 +223,9 @@ class Conn(asyncio.Protocol):
             for s in held:
                 s.release()
             self._reply("200 OK", orjson.dumps({"released": len(held)}))
+        elif path == "/bench/first_tokens":
+            writes, self.stats.first_writes = self.stats.first_writes, {}
+            self._reply("200 OK", orjson.dumps(writes))
         elif path == "/bench/stats":
             s = self.stats
             self._reply(
