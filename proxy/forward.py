@@ -436,6 +436,7 @@ class Forwarder:
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming)
         sampling = self.telemetry.decide(x.span, error_type, timing)
         response_model = reader.response_model if reader is not None else None
+        text = reader.text if reader is not None else None
         record = RequestRecord(
             trace_id=None if sampling == "dropped" else self.telemetry.trace_id(x.span),
             api=info.api,
@@ -458,9 +459,10 @@ class Forwarder:
             rate_limits=read_rate_limits(upstream_headers, self._wall_time_of(phase.t_headers)),
             cost=self._cost(info.model, response_model, usage, source),
             tcp=x.tcp(),
+            span=self.telemetry.span_start(x.span, sampling, text) if self.telemetry.ship else None,
         )
         self.metrics.record(record)
-        self.telemetry.finish(x.span, record, reader.text if reader is not None else None)
+        self.telemetry.finish(x.span, record, text)
         for observe in self.observers:
             observe(record)
 

@@ -96,6 +96,7 @@ async def running(
     meter_provider: MeterProvider | None = None,
     stop_now: asyncio.Event | None = None,
     recorder: Recorder | None = None,
+    ship_spans: bool = False,
 ) -> AsyncIterator[Running]:
     """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit.
 
@@ -104,12 +105,15 @@ async def running(
     `stop_now`: once set (a second signal), the drain cuts what is in flight at once.
     `recorder`: a worker of `--workers N` (proxy/workers/): finished requests go to it instead
     of local metrics, no metrics port is opened (the supervisor has it) and the proxy port is
-    bound with SO_REUSEPORT, shared with the other workers.
+    bound with SO_REUSEPORT, shared with the other workers; its OTLP metrics are the supervisor's.
+    `ship_spans` (a worker only): spans are started here but finished and exported by the
+    supervisor, from each record's `span` (`Telemetry.replay`); no exporter runs here.
     """
+    worker = recorder is not None
     own_provider = tracer_provider is None
-    own_meters = meter_provider is None
-    meters = build_meter_provider() if meter_provider is None else meter_provider
-    provider = build_tracer_provider() if tracer_provider is None else tracer_provider
+    own_meters = meter_provider is None and not worker
+    meters = build_meter_provider() if own_meters else meter_provider
+    provider = build_tracer_provider(export=not ship_spans) if tracer_provider is None else tracer_provider
     registry = CollectorRegistry() if registry is None else registry
     upstream = upstream_url(settings.upstream)
     slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
@@ -125,10 +129,10 @@ async def running(
             ttft_over=slow_ttft,
             duration_over=slow_duration,
         ),
+        ship=ship_spans,
     )
     accounting = accounting_from(settings)
     metrics = metrics_for(settings, registry)
-    worker = recorder is not None
     sink: Recorder = metrics if recorder is None else recorder
     state = ServerState()
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
@@ -137,7 +141,7 @@ async def running(
     genai = None
     if meters is not None:
         genai = GenAIMetrics(
-            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=sink.models
+            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=metrics.models
         )
         observers.append(genai)
     live = None
@@ -233,7 +237,7 @@ def run(settings: Settings) -> int:
     if forward is not None:
         log.info("the upstream is reached through the %s", forward.where)
     try:
-        if settings.workers > 1:
+        if settings.workers > 1 or settings.telemetry_process:
             from proxy.workers.supervisor import serve_group  # only a group needs it
 
             run_loop(serve_group(settings))

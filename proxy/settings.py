@@ -169,6 +169,11 @@ class Settings(BaseSettings):
         description="serving processes sharing the proxy port (auto: one per usable core); 1: a single process",
         json_schema_extra={"metavar": "N|auto", "allowed": "auto, or an integer from 1 to 256"},
     )
+    telemetry_process: bool = Field(
+        False,
+        description="build and export spans and OTLP metrics, and serve /metrics and the live view, in a "
+        "separate process, so the serving loop only relays and times (always so with --workers above 1; Linux)",
+    )
 
     attribute_header: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

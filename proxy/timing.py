@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from proxy.accounting.prices import Cost
     from proxy.accounting.ratelimits import RateLimits
 
-__all__ = ["PhaseClock", "RequestRecord", "RequestTiming"]
+__all__ = ["PhaseClock", "RequestRecord", "RequestTiming", "SpanStart"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +57,23 @@ class RequestTiming:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SpanStart:
+    """The request's root span as a serving process started it, in plain values: the telemetry
+    process (`--telemetry-process`, `--workers N`) finishes and exports it with these ids."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    trace_state: tuple[tuple[str, str], ...]
+    parent: tuple[int, int, int, bool] | None  # the client's span: trace id, span id, flags, remote
+    start: int  # epoch ns
+    attributes: dict[str, object]  # as set at start (request attributes, parameters, input if captured)
+    output: str | None = None  # the output text, only with --capture-content
+    offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
     """Everything known about one finished request; handed to metrics, spans and observers."""
 
@@ -82,6 +99,7 @@ class RequestRecord:
     rate_limits: RateLimits | None = field(default=None, kw_only=True)
     cost: Cost | None = field(default=None, kw_only=True)
     tcp: TcpStats | None = field(default=None, kw_only=True)  # the upstream connection's TCP_INFO (Linux)
+    span: SpanStart | None = field(default=None, kw_only=True)  # for the telemetry process to finish
 
     @property
     def server_wait(self) -> float | None:

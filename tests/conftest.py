@@ -63,7 +63,7 @@ class Proxied:
 
     `srv` is a `Running` (one process) or, with `proxy_workers` > 1, a `Group` of worker
     processes; their records reach `records` through the supervisor a moment after the client
-    has its answer (`settled`), and their spans do not reach the in-memory exporter."""
+    has its answer (`settled`), and so do their spans, which the supervisor builds (`settled_spans`)."""
 
     def __init__(
         self, srv: Any, upstream: FakeUpstream, records: list[RequestRecord], exporter: InMemorySpanExporter
@@ -89,6 +89,14 @@ class Proxied:
     def spans(self, name: str | None = None) -> list[Any]:
         spans = list(self.exporter.get_finished_spans())
         return [s for s in spans if name is None or s.name == name]
+
+    async def settled_spans(self, name: str | None = None, count: int = 1, timeout: float = 10.0) -> list[Any]:
+        """The spans once there are `count` named `name`: a group's supervisor builds them from the
+        records its workers ship, a moment after the client has its answer."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while len(self.spans(name)) < count and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        return self.spans(name)
 
 
 ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxied]]
@@ -129,7 +137,9 @@ def start_proxy(
         if settings.workers > 1:
             from proxy.workers.supervisor import supervising
 
-            async with supervising(settings, on_record=records.append, registry=registry) as group:
+            async with supervising(
+                settings, on_record=records.append, registry=registry, tracer_provider=tracer_provider
+            ) as group:
                 yield Proxied(group, upstream, records, exporter)
             return
         async with running(

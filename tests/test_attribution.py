@@ -38,6 +38,9 @@ CHAT = {
 }
 
 
+BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # and the spans a supervisor builds
+
+
 @pytest.mark.parametrize(
     "header", ["Authorization", "x-api-key", "api-key", "Cookie", "proxy-authorization", "X-Auth-Token", "x-secret"]
 )
@@ -135,6 +138,7 @@ async def _post(
         await resp.read()
 
 
+@BOTH_MODES
 async def test_spans_carry_users_sessions_and_key_ids_never_keys(
     start_proxy: ProxyFactory, client: aiohttp.ClientSession
 ) -> None:
@@ -162,6 +166,7 @@ async def test_spans_carry_users_sessions_and_key_ids_never_keys(
         assert "sk-alpha-1" not in text and "sk-beta-2" not in text
 
 
+@BOTH_MODES
 async def test_key_id_is_on_by_default_and_body_user_is_off(
     start_proxy: ProxyFactory, client: aiohttp.ClientSession
 ) -> None:

@@ -171,15 +171,15 @@ async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSe
     assert time.monotonic() - started < 2.5
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_sigterm_drains_in_flight_streams_then_exits(tmp_path, workers: int) -> None:
+@pytest.mark.parametrize("mode", ["--workers 1", "--workers 2", "--telemetry-process"])
+def test_sigterm_drains_in_flight_streams_then_exits(tmp_path, mode: str) -> None:
     """A real `taotrace serve` process (or group): in-flight streams finish, new connections are refused."""
     script = tmp_path / "drain_client.py"
     script.write_text(DRAIN_CLIENT)
     port, mport = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     result = subprocess.run(
-        [sys.executable, str(script), str(port), str(mport), str(workers)],
+        [sys.executable, str(script), str(port), str(mport), mode],
         env=env,
         capture_output=True,
         text=True,
@@ -195,10 +195,10 @@ from aiohttp import web
 sys.path.insert(0, os.getcwd())
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
-async def main(port, mport, workers):
+async def main(port, mport, mode):
     up = await FakeUpstream(stream_handler(chat_stream(30), gap=0.05)).start()  # ~1.5 s streams
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", "serve", "--upstream", up.url,
-        "--port", port, "--metrics-port", mport, "--drain-seconds", "5", "--workers", workers)
+        "--port", port, "--metrics-port", mport, "--drain-seconds", "5", *mode.split())
     base = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession() as s:
         for _ in range(400):

@@ -7,6 +7,8 @@ exporters sent; the proxy runs for real against a fake upstream, configured by O
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from typing import Any
 
 import aiohttp
@@ -135,6 +137,27 @@ async def test_http_receiver_cumulative_by_default(upstream: FakeUpstream, clien
         await run_proxy(env, upstream, client)
         check_spec_shape(sink.metrics(), upstream, CUMULATIVE)
         assert sink.payloads == []  # no traces were asked for here
+    finally:
+        await sink.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="--telemetry-process needs SO_REUSEPORT (Linux)")
+async def test_a_telemetry_process_records_and_exports_the_same(
+    upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    """`--telemetry-process`: the worker ships its records, the supervisor records and exports them."""
+    from proxy.workers.supervisor import supervising
+
+    sink = await OTLPSink().start()
+    try:
+        env = {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
+        provider = build_meter_provider(env)
+        assert provider is not None
+        settings = Settings(upstream=upstream.url, port=0, metrics_port=0, telemetry_process=True)
+        async with supervising(settings, env={**os.environ, **env}, meter_provider=provider) as group:
+            await exercise(group.proxy_url, upstream, client)
+        assert await asyncio.to_thread(shutdown_meter_provider, provider, 10.0)
+        check_spec_shape(sink.metrics(), upstream, CUMULATIVE)
     finally:
         await sink.close()
 

@@ -20,6 +20,9 @@ PER_TOKEN = 0.020
 TOKENS = 25
 
 
+BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # and the spans a supervisor builds
+
+
 def scheduled_chat() -> list[bytes]:
     """Role-only chunk at once (first byte, not a token), first token after the prefill."""
     frames = sse(chat_chunk(role="assistant", content=""), done=False)
@@ -66,9 +69,10 @@ async def test_ttft_tpot_and_phases_match_the_schedule(proxy: Proxied, client: a
     assert proxy.records[-1].usage_source == "reported"
 
 
+@BOTH_MODES
 async def test_phase_spans_follow_the_schedule(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     await stream_with_schedule(proxy, client)
-    root = proxy.spans("chat gpt-4o-mini")[-1]
+    root = (await proxy.settled_spans("chat gpt-4o-mini"))[-1]
     children = {s.name: s for s in proxy.spans() if s.parent is not None and s.parent.span_id == root.context.span_id}
     assert set(children) == {"network", "prefill_wait", "decode"}
     net, pre, dec = children["network"], children["prefill_wait"], children["decode"]

@@ -18,6 +18,8 @@ from proxy.telemetry.sampling import OutcomeSampling
 from tests.conftest import ProxyFactory
 from tests.fakes import chat_stream, stream_handler
 
+BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # and the spans a supervisor builds
+
 
 def test_ratio_decisions_equal_trace_id_ratio_based() -> None:
     """A collector's (or another replica's) TraceIdRatioBased at the same ratio keeps the same traces."""
@@ -74,6 +76,7 @@ async def upstream(request: web.Request) -> web.StreamResponse:
     return await stream_handler(chat_stream(2), first_delay=SLOW if kind == "slow" else 0.0)(request)
 
 
+@BOTH_MODES
 async def test_a_burst_exports_exactly_the_kept_traces(
     start_proxy: ProxyFactory, client: aiohttp.ClientSession, registry: CollectorRegistry
 ) -> None:

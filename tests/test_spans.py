@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.conftest import Proxied
 from tests.fakes import chat_chunk, chat_stream, json_handler, named, sse, stream_handler, usage_chunk
+
+pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # spans built in a supervisor too
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -21,7 +24,7 @@ async def test_traceparent_is_continued_and_upstream_parent_is_ours(
         proxy.url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}, headers=headers
     ) as r:
         await r.read()
-    root = proxy.spans("chat gpt-4o-mini")[-1]
+    root = (await proxy.settled_spans("chat gpt-4o-mini"))[-1]
     assert format(root.context.trace_id, "032x") == CLIENT_TRACE
     assert root.parent is not None and format(root.parent.span_id, "016x") == CLIENT_SPAN
     sent = proxy.upstream.seen[-1].headers.getall("traceparent")
@@ -36,7 +39,7 @@ async def test_traceparent_is_continued_and_upstream_parent_is_ours(
 async def test_new_trace_without_traceparent(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     async with client.get(proxy.url + "/v1/models") as r:
         await r.read()
-    root = proxy.spans("GET")[-1]
+    root = (await proxy.settled_spans("GET"))[-1]
     assert root.parent is None
     assert proxy.upstream.seen[-1].headers["traceparent"].split("-")[1] == format(root.context.trace_id, "032x")
 
@@ -47,7 +50,7 @@ async def test_root_span_attributes(proxy: Proxied, client: aiohttp.ClientSessio
         proxy.url + "/v1/chat/completions?api-version=1", json={"model": "gpt-4o-mini", "stream": True}
     ) as r:
         await r.read()
-    root = proxy.spans("chat gpt-4o-mini")[-1]
+    root = (await proxy.settled_spans("chat gpt-4o-mini"))[-1]
     a = root.attributes
     assert root.kind == SpanKind.CLIENT
     host, port = proxy.upstream.url.removeprefix("http://").split(":")
@@ -77,16 +80,18 @@ async def test_anthropic_span_name_and_provider(proxy: Proxied, client: aiohttp.
     )
     async with client.post(proxy.url + "/v1/messages", json={"model": "claude-x", "max_tokens": 5}) as r:
         await r.read()
-    root = proxy.spans("chat claude-x")[-1]
+    root = (await proxy.settled_spans("chat claude-x"))[-1]
     assert root.attributes["gen_ai.provider.name"] == "anthropic"
-    assert [s.name for s in proxy.spans() if s.parent and s.parent.span_id == root.context.span_id] == ["network"]
+    assert [s.name for s in (await proxy.settled_spans()) if s.parent and s.parent.span_id == root.context.span_id] == [
+        "network"
+    ]
 
 
 async def test_error_span_has_error_type(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     proxy.serve(json_handler({"error": {"message": "bad key"}}, status=401))
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
         await r.read()
-    root = proxy.spans("chat m")[-1]
+    root = (await proxy.settled_spans("chat m"))[-1]
     assert root.attributes["error.type"] == "auth"
     assert root.status.status_code == StatusCode.ERROR
 
@@ -98,7 +103,7 @@ async def test_prompt_text_is_not_recorded_by_default(proxy: Proxied, client: ai
         json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]},
     ) as r:
         await r.read()
-    for span in proxy.spans():
+    for span in await proxy.settled_spans():
         assert "PROMPT-CANARY" not in repr(dict(span.attributes or {}))
 
 
@@ -110,7 +115,7 @@ async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSessi
             json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "PROMPT-CANARY"}]},
         ) as r:
             await r.read()
-        root = p.spans("chat m")[-1]
+        root = (await p.settled_spans("chat m"))[-1]
         assert "PROMPT-CANARY" in root.attributes["gen_ai.input.messages"]
         assert root.attributes["gen_ai.output.messages"] == "tok0 tok1 "
 
@@ -121,7 +126,7 @@ async def test_first_chunk_and_first_token_are_apart(proxy: Proxied, client: aio
     proxy.serve(stream_handler(frames, first_delay=0.05, gap=0.3))
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
         await r.read()
-    a = proxy.spans("chat m")[-1].attributes
+    a = (await proxy.settled_spans("chat m"))[-1].attributes
     assert 0.04 < a["gen_ai.response.time_to_first_chunk"] < 0.3
     assert a["taotrace.ttft"] - a["gen_ai.response.time_to_first_chunk"] >= 0.25
     rec = proxy.records[-1]
@@ -144,7 +149,7 @@ async def test_request_parameters_and_anthropic_cache_tokens_on_the_span(
     body = {"model": "claude-x", "stream": True, "max_tokens": 64, "temperature": 0.5, "top_k": 5, "messages": []}
     async with client.post(proxy.url + "/v1/messages", json=body) as r:
         await r.read()
-    a = proxy.spans("chat claude-x")[-1].attributes
+    a = (await proxy.settled_spans("chat claude-x"))[-1].attributes
     assert a["gen_ai.request.max_tokens"] == 64 and a["gen_ai.request.temperature"] == 0.5
     assert a["gen_ai.request.top_k"] == 5.0
     assert a["gen_ai.usage.input_tokens"] == 115  # Anthropic's input excludes the cache; the spec's includes it
@@ -160,7 +165,7 @@ async def test_openai_cached_and_reasoning_tokens_on_the_span(proxy: Proxied, cl
     proxy.serve(stream_handler(frames))
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "o3-mini", "stream": True}) as r:
         await r.read()
-    a = proxy.spans("chat o3-mini")[-1].attributes
+    a = (await proxy.settled_spans("chat o3-mini"))[-1].attributes
     assert a["gen_ai.usage.input_tokens"] == 40  # OpenAI's prompt_tokens already include the cached ones
     assert a["gen_ai.usage.cache_read.input_tokens"] == 32
     assert a["gen_ai.usage.reasoning.output_tokens"] == 6

@@ -134,14 +134,18 @@ async def test_kill_9_cuts_only_that_workers_streams_and_it_is_restarted(slow_up
         assert await stream(group.proxy_url) == b"".join(SLOW)  # the group serves again
 
 
-async def test_each_worker_exports_its_own_spans_with_its_instance_id(slow_upstream: FakeUpstream) -> None:
+@pytest.mark.parametrize("overrides", [{"workers": 2}, {"workers": 1, "telemetry_process": True}])
+async def test_spans_leave_from_the_supervisor_under_each_workers_instance_id(
+    slow_upstream: FakeUpstream, overrides: dict[str, Any]
+) -> None:
+    """Workers start the spans (the ids sent upstream), the supervisor finishes and exports them."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     slow_upstream.handler = stream_handler(chat_stream(3))
     sink = await OTLPSink().start()
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     try:
-        async with supervising(settings(slow_upstream), env=env) as group:
+        async with supervising(settings(slow_upstream, **overrides), env=env) as group:
             await asyncio.gather(*(stream(group.proxy_url) for _ in range(20)))
 
             async def spans_in() -> bool:
@@ -150,6 +154,7 @@ async def test_each_worker_exports_its_own_spans_with_its_instance_id(slow_upstr
 
             await eventually(spans_in)
         instances = set()
+        spans: dict[str, list[Any]] = {}
         for payload in sink.payloads:
             req = ExportTraceServiceRequest()
             req.ParseFromString(payload)
@@ -157,7 +162,22 @@ async def test_each_worker_exports_its_own_spans_with_its_instance_id(slow_upstr
                 attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
                 instances.add(attrs["service.instance.id"])
                 assert attrs["service.name"] == "taotrace"
-        assert len(instances) == 2, instances
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        spans.setdefault(span.trace_id.hex(), []).append(span)
+        assert len(instances) == overrides["workers"], instances
+        sent = {seen.headers["traceparent"].split("-")[1]: seen.headers["traceparent"].split("-")[2]
+                for seen in slow_upstream.seen}  # fmt: skip
+        assert set(spans) == set(sent) and len(sent) == 20
+        for trace_id, trace in spans.items():  # the root the upstream was told of, and its three phases
+            (root,) = [s for s in trace if not s.parent_span_id]
+            assert root.span_id.hex() == sent[trace_id] and root.name == "chat m"
+            children = sorted(
+                (s for s in trace if s.parent_span_id == root.span_id), key=lambda s: s.start_time_unix_nano
+            )
+            assert [s.name for s in children] == ["network", "prefill_wait", "decode"]
+            assert children[0].start_time_unix_nano == root.start_time_unix_nano  # one clock for the whole trace
+            assert children[-1].end_time_unix_nano <= root.end_time_unix_nano
     finally:
         await sink.close()
 

@@ -168,7 +168,6 @@ class Recorder(Protocol):
     """What the forwarder records to: `Metrics` in one process, a shipper to the supervisor in a
     worker (proxy/workers/)."""
 
-    models: ModelLabels
     in_flight: Gauge
 
     def record(self, rec: RequestRecord) -> None: ...

@@ -238,6 +238,14 @@ class Root(Span):
     def get_span_context(self) -> SpanContext:
         return self._context
 
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def start_time(self) -> int:
+        return self._start
+
     def is_recording(self) -> bool:
         return not self._ended
 

@@ -25,9 +25,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     Span,
+    SpanContext,
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
+    TraceState,
 )
 from opentelemetry.util import types
 
@@ -36,7 +39,7 @@ from proxy.dialects import RequestInfo
 from proxy.telemetry import sdk_internals
 from proxy.telemetry.otlp_env import otlp_target
 from proxy.telemetry.sampling import OutcomeSampling
-from proxy.timing import RequestRecord, RequestTiming
+from proxy.timing import RequestRecord, RequestTiming, SpanStart
 
 __all__ = ["Telemetry", "build_tracer_provider", "shutdown_tracer_provider"]
 
@@ -62,14 +65,17 @@ def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
     return sdk_internals.http_exporter(endpoint)
 
 
-def build_tracer_provider(env: Mapping[str, str] | None = None) -> TracerProvider:
-    """A provider honouring the SDK's own variables (service name, sampler, BSP limits, OTLP)."""
+def build_tracer_provider(env: Mapping[str, str] | None = None, *, export: bool = True) -> TracerProvider:
+    """A provider honouring the SDK's own variables (service name, sampler, BSP limits, OTLP).
+
+    `export=False`: ids and sampling only, no exporter (a serving process whose spans the
+    telemetry process builds and exports)."""
     env = os.environ if env is None else env
     resource = Resource.create(
         {"service.name": env.get("OTEL_SERVICE_NAME", "taotrace"), "service.version": __version__}
     )
     provider = TracerProvider(resource=resource)
-    exporter = _exporter_from_env(env)
+    exporter = _exporter_from_env(env) if export else None
     if exporter is not None:
         # The batch processor drops spans when its queue is full instead of blocking: requests first.
         limits: dict[str, Any] = {
@@ -142,8 +148,13 @@ class Telemetry:
         upstream_base: str,
         capture_content: bool = False,
         sampling: OutcomeSampling | None = None,
+        ship: bool = False,
     ) -> None:
         self.tracer = tracer_provider.get_tracer("taotrace", __version__)
+        # Ship: this process only starts spans (ids, sampling, context upstream); each finished
+        # request carries its root's start (`span_start`) to the telemetry process, which
+        # finishes and exports it (`replay`). Spans are never built or encoded here.
+        self.ship = ship
         self.server_address = upstream_host
         self.server_port = upstream_port
         self.upstream_base = upstream_base
@@ -264,11 +275,21 @@ class Telemetry:
         parent_sampled = parent is not None and parent.is_remote and parent.trace_flags.sampled
         return policy.reason(ctx.trace_id, parent_sampled, error_type, timing.ttft, timing.duration) or "dropped"
 
-    def finish(self, span: Span, rec: RequestRecord, output_text: str | None = None) -> None:
-        """Attributes from the record, the three phase children, then end the root span."""
+    def finish(self, span: Span, rec: RequestRecord, output_text: str | None = None, offset: int | None = None) -> None:
+        """Attributes from the record, the three phase children, then end the root span.
+
+        `offset`: epoch ns minus monotonic ns of the process that timed the request (default: this one's)."""
         t = rec.timing
+        offset = self._offset_ns if offset is None else offset
+        end = int(t.end * 1e9) + offset
+        if self.ship:  # the telemetry process finishes it from rec.span
+            if type(span) is sdk_internals.Root:
+                span.drop()
+            else:
+                span.end(end_time=end)  # no processor here: nothing is exported
+            return
         if not span.is_recording():
-            span.end(end_time=self._ns(t.end))
+            span.end(end_time=end)
             return
         if rec.sampling == "dropped":
             # Nothing is handed to the processors: the root is never ended (the end-only batch and
@@ -277,7 +298,7 @@ class Telemetry:
                 span.drop()
             return
         if self._processors() == () and self._direct:  # no exporter configured: nothing can leave
-            span.end(end_time=self._ns(t.end))
+            span.end(end_time=end)
             return
         u = rec.usage
         attrs: dict[str, types.AnyValue] = {
@@ -326,7 +347,7 @@ class Telemetry:
             span.attributes.update(attrs)
         else:
             span.set_attributes(attrs)
-        phases = self._phases(rec)
+        phases = self._phases(rec, offset)
         sdk = self._sdk
         if self._direct and sdk is not None:
             follows = self._sampler_follows(sdk) and span.get_span_context().trace_flags.sampled
@@ -335,12 +356,59 @@ class Telemetry:
             ctx = trace.set_span_in_context(span)
             for phase in phases:
                 self._child(ctx, *phase)
-        span.end(end_time=self._ns(t.end))
+        span.end(end_time=end)
 
-    def _phases(self, rec: RequestRecord) -> list[sdk_internals.Phase]:
+    def span_start(self, span: Span, sampling: str, output_text: str | None) -> SpanStart | None:
+        """In ship mode, the root's start for the telemetry process; None when nothing is to be
+        exported (not shipping, not sampled, or dropped by outcome sampling)."""
+        if not self.ship or sampling == "dropped" or not span.is_recording():
+            return None
+        ctx = span.get_span_context()
+        if not ctx.trace_flags.sampled:
+            return None  # the worker's provider has no exporter; the telemetry process's would drop it
+        parent = getattr(span, "parent", None)
+        attributes = getattr(span, "attributes", None)
+        return SpanStart(
+            name=getattr(span, "name", ""),
+            trace_id=ctx.trace_id,
+            span_id=ctx.span_id,
+            trace_flags=int(ctx.trace_flags),
+            trace_state=tuple(ctx.trace_state.items()),
+            parent=None
+            if parent is None
+            else (parent.trace_id, parent.span_id, int(parent.trace_flags), parent.is_remote),
+            start=int(getattr(span, "start_time", 0) or 0),
+            attributes=dict(attributes) if attributes is not None else {},
+            output=output_text if self.capture_content else None,
+            offset=self._offset_ns,
+        )
+
+    def replay(self, rec: RequestRecord, resource: Resource | None = None) -> None:
+        """The telemetry process's side of ship mode: the root as the serving process started it
+        (same ids, start and attributes), then `finish` as one process would; `resource`: the
+        serving process's own (its `service.instance.id`)."""
+        seed, sdk = rec.span, self._sdk
+        if seed is None or sdk is None or self._processors() == ():
+            return  # nothing shipped, or no exporter here
+        parent = None
+        if seed.parent is not None:
+            trace_id, span_id, flags, remote = seed.parent
+            parent = SpanContext(trace_id, span_id, remote, TraceFlags(flags))
+        context = SpanContext(
+            seed.trace_id, seed.span_id, False, TraceFlags(seed.trace_flags), TraceState(list(seed.trace_state))
+        )
+        root = sdk_internals.Root(sdk, seed.name, context, parent, dict(seed.attributes), seed.start)  # type: ignore[arg-type]
+        if resource is not None:
+            root.resource = resource
+        self.finish(root, rec, seed.output, seed.offset)
+
+    def _phases(self, rec: RequestRecord, offset: int) -> list[sdk_internals.Phase]:
         """(name, start ns, end ns, attributes, error status) of each phase child."""
         t = rec.timing
-        ns = self._ns
+
+        def ns(t: float) -> int:
+            return int(t * 1e9) + offset
+
         net_attrs: dict[str, types.AnyValue] = {}
         if t.connection_reused is not None:
             net_attrs["taotrace.connection.reused"] = t.connection_reused

@@ -1,6 +1,6 @@
 """`taotrace serve --workers N`: N serving processes on one port, one supervisor for the group.
 
-    supervisor: /metrics /healthz /readyz and the live view for the group, fed by every worker's records
+    supervisor: /metrics /healthz /readyz, the live view, spans and OTLP metrics, from every worker's records
       │   one socketpair per worker: ("records", [RequestRecord...], {api: in flight}) ──┐
       ├── worker 0  `python -m proxy.workers.worker`: the proxy on :PORT (SO_REUSEPORT) ─┤
       └── worker 1  ...                                                                  ┘
@@ -11,6 +11,14 @@ restarts. Each worker binds the same port with SO_REUSEPORT and the kernel sprea
 connections over the listening workers (Linux). Serving loops never render exposition text:
 the supervisor aggregates (counters and histograms by applying every record once; in-flight
 gauges as the sum of each worker's last count) and renders.
+
+Serving loops never build or encode spans either: a worker starts each request's root span
+(ids, sampling, `traceparent` upstream) and ships its start in the record (`RequestRecord.span`);
+the supervisor finishes it with the same ids, adds the phase children and exports them, under a
+resource with that worker's `service.instance.id` (`Telemetry.replay`). The OTLP GenAI metrics
+are recorded and exported here too, once for the group. So the GIL a serving loop shares is
+never held by span building, OTLP encoding or metric export (`--telemetry-process` runs one
+worker this way).
 
 A worker that dies is logged and started again (`taotrace_worker_restarts_total`); the other
 workers' streams are untouched, the dead one's connections are cut by the kernel. SIGTERM or
@@ -35,15 +43,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from proxy.app import create_metrics_app
 from proxy.lifecycle import Shutdown
 from proxy.protocol import GuardedAppRunner
-from proxy.serve import metrics_for
-from proxy.settings import Settings
+from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, metrics_for
+from proxy.settings import Settings, upstream_url
+from proxy.telemetry import sdk_internals
+from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
 from proxy.ui import LiveView
 from proxy.workers.channel import encode, receive
@@ -59,7 +73,9 @@ MAX_BACKOFF = 10.0
 def reserve_port(host: str, port: int) -> socket.socket:
     """Bind (never listen) with SO_REUSEPORT: the port is ours, the workers can join it."""
     if not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux":
-        raise OSError("--workers > 1 needs SO_REUSEPORT load balancing (Linux); run one process per replica instead")
+        raise OSError(
+            "--workers > 1 and --telemetry-process need SO_REUSEPORT (Linux); run one process per replica instead"
+        )
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
         0
     ]
@@ -74,12 +90,19 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def worker_env(index: int, base: Mapping[str, str]) -> dict[str, str]:
-    """The worker's environment: its own `service.instance.id` in the OpenTelemetry resource."""
+def instance_id(index: int, base: Mapping[str, str]) -> str:
+    """Worker `index`'s `service.instance.id`: a given one with `-index` appended, else a new uuid."""
     attrs = [a for a in base.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if a.strip()]
     given = next((a.split("=", 1)[1] for a in attrs if a.split("=", 1)[0].strip() == "service.instance.id"), None)
-    instance = f"{given.strip()}-{index}" if given else str(uuid.uuid4())
+    return f"{given.strip()}-{index}" if given else str(uuid.uuid4())
+
+
+def worker_env(index: int, base: Mapping[str, str], instance: str | None = None) -> dict[str, str]:
+    """The worker's environment: its own `service.instance.id` in the OpenTelemetry resource
+    (what the worker's own logs and any exporter of its own would carry)."""
+    attrs = [a for a in base.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if a.strip()]
     attrs = [a for a in attrs if a.split("=", 1)[0].strip() != "service.instance.id"]
+    instance = instance_id(index, base) if instance is None else instance
     return {**base, "OTEL_RESOURCE_ATTRIBUTES": ",".join([*attrs, f"service.instance.id={instance}"])}
 
 
@@ -88,6 +111,8 @@ class _Worker:
     """One slot of the group and the process in it now."""
 
     index: int
+    instance: str = ""  # its service.instance.id, kept across restarts of the slot
+    resource: Resource | None = None  # the spans' resource: the group's, with that id
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False
     in_flight: dict[str, float] = field(default_factory=dict)
@@ -104,6 +129,7 @@ class Group:
     workers: list[_Worker]
     draining: bool = False
     stopping: bool = False
+    hurried: bool = False  # a second signal: the last span flush gets less time too
 
     def readiness(self) -> str:
         if self.draining:
@@ -123,6 +149,7 @@ class Group:
 
     def cut(self) -> None:
         """A second stop signal: every worker cuts its streams now."""
+        self.hurried = True
         self.signal_all(signal.SIGTERM)
 
 
@@ -134,10 +161,14 @@ class _Supervisor:
         observers: Sequence[Callable[[RequestRecord], None]],
         env: Mapping[str, str],
         command: Sequence[str],
+        telemetry: Telemetry,
     ) -> None:
         self.settings = settings
         self.group = group
         self.observers = tuple(observers)
+        self.telemetry = telemetry
+        # Workers ship their spans' starts only when spans leave from here.
+        self.ship_spans = bool(sdk_internals.span_processors(telemetry.tracer))
         self.env = env
         self.command = tuple(command)
 
@@ -149,10 +180,11 @@ class _Supervisor:
         if kind != "records":
             return
         _, records, in_flight = message
-        metrics = self.group.metrics
+        metrics, replay = self.group.metrics, self.telemetry.replay
         for rec in records:
             try:
                 metrics.record(rec)
+                replay(rec, worker.resource)
                 for observe in self.observers:
                     observe(rec)
             except Exception:  # one bad record must not stop the group's metrics
@@ -180,12 +212,12 @@ class _Supervisor:
                 worker.proc = await asyncio.create_subprocess_exec(
                     *self.command, str(child.fileno()),
                     pass_fds=(child.fileno(),), start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
-                    env=worker_env(worker.index, self.env),
+                    env=worker_env(worker.index, self.env, worker.instance),
                 )  # fmt: skip
             finally:
                 child.close()
             reader, writer = await asyncio.open_connection(sock=parent)
-            writer.write(encode(("start", self.settings.model_dump(), worker.index)))
+            writer.write(encode(("start", self.settings.model_dump(), worker.index, self.ship_spans)))
             try:
                 while (message := await receive(reader)) is not None:
                     self._apply(worker, message)
@@ -218,20 +250,48 @@ async def supervising(
     env: Mapping[str, str] | None = None,
     ready_timeout: float = 60.0,
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
+    tracer_provider: trace.TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> AsyncIterator[Group]:
     """Start `settings.workers` workers and the group's metrics port; drain them all on exit.
 
     Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
-    `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it."""
+    `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it.
+    `tracer_provider` / `meter_provider`: where the group's spans and OTLP metrics go (by
+    default, built from `env`'s `OTEL_*`); one passed in is not shut down."""
+    env = os.environ if env is None else env
     reserved = reserve_port(settings.host, settings.port)
     host, port = reserved.getsockname()[:2]
     # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
     salt = settings.key_salt if settings.key_salt is not None else SecretStr(secrets.token_hex(32))
     worker_settings = settings.model_copy(update={"port": port, "key_salt": salt})
     metrics = metrics_for(settings, registry)
+    provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
+    meters = build_meter_provider(env) if meter_provider is None else meter_provider
+    upstream = upstream_url(settings.upstream)
+    # Only finish() and replay() run here; the workers start the spans (and decide their sampling).
+    telemetry = Telemetry(
+        provider,
+        upstream_host=upstream.host or "",
+        upstream_port=upstream.port or 0,
+        upstream_base=str(upstream).rstrip("/"),
+        capture_content=settings.capture_content,
+    )
+    base = getattr(telemetry.tracer, "resource", None)
+    workers = []
+    for i in range(settings.workers):
+        instance = instance_id(i, env)
+        resource = base.merge(Resource({"service.instance.id": instance})) if isinstance(base, Resource) else None
+        workers.append(_Worker(i, instance, resource))
     host_part = f"[{host}]" if ":" in host else host
-    group = Group(f"http://{host_part}:{port}", "", metrics, [_Worker(i) for i in range(settings.workers)])
-    observers = [] if on_record is None else [on_record]
+    group = Group(f"http://{host_part}:{port}", "", metrics, workers)
+    observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
+    genai = None
+    if meters is not None:  # the group's OTLP metrics, recorded and exported here, off the serving loops
+        genai = GenAIMetrics(
+            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=metrics.models
+        )
+        observers.append(genai)
     live = None
     if settings.ui:  # the group's live view, fed every worker's records
         live = LiveView(
@@ -240,7 +300,7 @@ async def supervising(
             capture_content=settings.capture_content,
         )
         observers.append(live.observe)
-    supervisor = _Supervisor(worker_settings, group, observers, os.environ if env is None else env, worker_command)
+    supervisor = _Supervisor(worker_settings, group, observers, env, worker_command, telemetry)
     token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
     runner = GuardedAppRunner(
         create_metrics_app(
@@ -276,6 +336,15 @@ async def supervising(
                 log.error("worker slot failed", exc_info=task.exception())
         await runner.cleanup()
         reserved.close()
+        wait = HURRIED_SHUTDOWN_SECONDS if group.hurried else TRACE_SHUTDOWN_SECONDS
+        if genai is not None:
+            await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
+        flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
+        if meter_provider is None and meters is not None:
+            flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
+        if tracer_provider is None:
+            flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
+        await asyncio.gather(*flushes)
 
 
 async def serve_group(settings: Settings) -> None:

@@ -25,7 +25,6 @@ from proxy.lifecycle import Shutdown, run_loop
 from proxy.serve import LOOP_SWITCH_INTERVAL, configure_logging, running
 from proxy.settings import Settings
 from proxy.telemetry.exposition import Gauge, Registry
-from proxy.telemetry.metrics import ModelLabels
 from proxy.timing import RequestRecord
 from proxy.workers.channel import encode, receive
 
@@ -42,9 +41,8 @@ class Shipper:
     """The worker's `Recorder`: records are batched (`BATCH_DELAY`) and written to the
     supervisor; the in-flight gauge is kept locally and sent as absolute counts."""
 
-    def __init__(self, writer: asyncio.StreamWriter, models: ModelLabels) -> None:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self.models = models  # bounds this worker's OTLP metric labels; /metrics is bounded by the supervisor
         self.in_flight = Gauge(
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("api",), registry=Registry()
         )
@@ -81,14 +79,14 @@ async def _serve(sock: socket.socket) -> None:
     if hello is None or hello[0] != "start":
         return  # the supervisor went away before it said anything
     settings = Settings(**hello[1])
-    index = hello[2]
+    index, ship_spans = hello[2], hello[3]
     configure_logging(settings.log_level)
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
-    shipper = Shipper(writer, ModelLabels(frozenset(settings.model_allowlist), settings.max_models))
+    shipper = Shipper(writer)
     shutdown = Shutdown().install()  # first signal: drain; second: cut (as one process)
     gauge = asyncio.ensure_future(shipper.keep_gauge_fresh())
     try:
-        async with running(settings, recorder=shipper, stop_now=shutdown.now) as srv:
+        async with running(settings, recorder=shipper, stop_now=shutdown.now, ship_spans=ship_spans) as srv:
             gc.freeze()  # as serve(): start-up objects out of the collector's reach
             writer.write(encode(("ready",)))
             log.debug("worker %d (pid %d) serving on %s", index, os.getpid(), srv.proxy_url)
