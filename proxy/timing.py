@@ -66,7 +66,7 @@ class SpanStart:
     span_id: int
     trace_flags: int
     trace_state: tuple[tuple[str, str], ...]
-    parent: tuple[int, int, int, bool] | None  # the client's span: trace id, span id, flags, remote
+    parent: tuple[int, int, int, bool, tuple[tuple[str, str], ...]] | None  # the client's: ids, flags, remote, state
     start: int  # epoch ns
     attributes: dict[str, object]  # as set at start (request attributes, parameters, input if captured)
     output: str | None = None  # the output text, only with --capture-content

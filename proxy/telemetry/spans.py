@@ -376,7 +376,13 @@ class Telemetry:
             trace_state=tuple(ctx.trace_state.items()),
             parent=None
             if parent is None
-            else (parent.trace_id, parent.span_id, int(parent.trace_flags), parent.is_remote),
+            else (
+                parent.trace_id,
+                parent.span_id,
+                int(parent.trace_flags),
+                parent.is_remote,
+                tuple(parent.trace_state.items()),
+            ),  # fmt: skip
             start=int(getattr(span, "start_time", 0) or 0),
             attributes=dict(attributes) if attributes is not None else {},
             output=output_text if self.capture_content else None,
@@ -392,8 +398,8 @@ class Telemetry:
             return  # nothing shipped, or no exporter here
         parent = None
         if seed.parent is not None:
-            trace_id, span_id, flags, remote = seed.parent
-            parent = SpanContext(trace_id, span_id, remote, TraceFlags(flags))
+            trace_id, span_id, flags, remote, state = seed.parent
+            parent = SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)))
         context = SpanContext(
             seed.trace_id, seed.span_id, False, TraceFlags(seed.trace_flags), TraceState(list(seed.trace_state))
         )

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -182,9 +183,15 @@ class _Supervisor:
         _, records, in_flight = message
         metrics, replay = self.group.metrics, self.telemetry.replay
         for rec in records:
+            if rec.span is not None:
+                try:
+                    replay(rec, worker.resource)
+                except Exception:  # telemetry never stops the group's metrics
+                    log.exception("could not export a worker's request span")
+                # Observers (the live view's ring) get what they get in one process.
+                rec = dataclasses.replace(rec, span=None)
             try:
                 metrics.record(rec)
-                replay(rec, worker.resource)
                 for observe in self.observers:
                     observe(rec)
             except Exception:  # one bad record must not stop the group's metrics

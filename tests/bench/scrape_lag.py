@@ -2,13 +2,15 @@
 
     .venv/bin/python tests/bench/scrape_lag.py --workers 1 --seconds 20
     .venv/bin/python tests/bench/scrape_lag.py --workers 2 --seconds 20
+    .venv/bin/python tests/bench/scrape_lag.py --telemetry-process --seconds 20
 
 Starts `taotrace serve` (or its supervisor and workers) in a child process with a probe in every
 serving loop (how late a 5 ms sleep wakes up: the delay any stream's next chunk would see),
 fills the model label to the cap with streams of every api (101 names each), then runs `--streams`
 streams back to back (32 by default; 20 tokens 5 ms apart) while /metrics is scraped every
-second with Prometheus's Accept header (OpenMetrics). Prints lag p50/p99/max per serving process,
-scrape times and page size, and the streams' TTFT.
+second with Prometheus's Accept header (OpenMetrics). Spans go to a live OTLP/HTTP receiver in
+this process (`--no-export`: none). Prints lag p50/p99/max per serving process, scrape times and
+page size, and the streams' TTFT.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.fakes import FakeUpstream, chat_stream, named, sse  # noqa: E402
+from tests.fakes import FakeUpstream, OTLPSink, chat_stream, named, sse  # noqa: E402
 
 TICK = 0.005
 NL = b"\n"
@@ -130,7 +132,7 @@ def probed_serve(argv: list[str]) -> None:
         shutdown = Shutdown().install()
         task = asyncio.ensure_future(_sample(lags))
         try:
-            if settings.workers > 1:
+            if settings.workers > 1 or settings.telemetry_process:
                 command = (sys.executable, __file__, "--probed-worker")
                 async with supervisor.supervising(settings, worker_command=command) as group:
                     print("LISTEN", group.proxy_url, group.metrics_url, flush=True)
@@ -149,7 +151,7 @@ def probed_serve(argv: list[str]) -> None:
     try:
         run_loop(main())
     finally:
-        _report(lags, "supervisor" if settings.workers > 1 else "proxy")
+        _report(lags, "supervisor" if settings.workers > 1 or settings.telemetry_process else "proxy")
 
 
 # ---- the load and the scrapes ------------------------------------------------------------------
@@ -163,10 +165,16 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     upstream = await FakeUpstream(upstream_handler(20, 0.005)).start()
     lag_dir = tempfile.mkdtemp(prefix="taotrace-lag-")
-    settings = {"upstream": upstream.url, "port": 0, "metrics_port": 0, "workers": args.workers, "drain_seconds": 1}
+    settings = {
+        "upstream": upstream.url, "port": 0, "metrics_port": 0, "workers": args.workers, "drain_seconds": 1,
+        "telemetry_process": args.telemetry_process,
+    }  # fmt: skip
+    sink = await OTLPSink().start() if args.export else None
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url} if sink is not None else {"OTEL_TRACES_EXPORTER": "none"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--probed-serve", json.dumps(settings),
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, "LAG_DIR": lag_dir, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE, env={**env, **otel, "LAG_DIR": lag_dir, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.stdout is not None
     line = (await proc.stdout.readline()).decode().split()
@@ -210,7 +218,11 @@ async def run(args: argparse.Namespace) -> None:
     proc.send_signal(signal.SIGTERM)
     await proc.wait()
     await upstream.close()
-    print(f"workers {args.workers}: {len(ttfts)} streams of 20 tokens, {args.streams} at a time, {args.seconds:g} s")
+    mode = f"workers {args.workers}" + (", telemetry process" if args.telemetry_process else "")
+    exported = f"{len(sink.spans())} spans exported" if sink is not None else "no export"
+    if sink is not None:
+        await sink.close()
+    print(f"{mode}: {len(ttfts)} streams of 20 tokens, {args.streams} at a time, {args.seconds:g} s; {exported}")
     print(f"  client TTFT p50 {pct(ttfts, 0.5) * 1e3:.1f} ms, p99 {pct(ttfts, 0.99) * 1e3:.1f} ms")
     if scrapes:
         median, worst = statistics.median(scrapes) * 1e3, max(scrapes) * 1e3
@@ -236,6 +248,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--no-scrape", dest="scrape", action="store_false", help="the same load without scrapes")
+    parser.add_argument("--telemetry-process", action="store_true", help="one worker, telemetry in the supervisor")
+    parser.add_argument(
+        "--no-export", dest="export", action="store_false", help="no span export (OTEL_TRACES_EXPORTER=none)"
+    )
     asyncio.run(run(parser.parse_args()))
 
 
