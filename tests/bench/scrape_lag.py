@@ -165,10 +165,9 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     upstream = await FakeUpstream(upstream_handler(20, 0.005)).start()
     lag_dir = tempfile.mkdtemp(prefix="taotrace-lag-")
-    settings = {
-        "upstream": upstream.url, "port": 0, "metrics_port": 0, "workers": args.workers, "drain_seconds": 1,
-        "telemetry_process": args.telemetry_process,
-    }  # fmt: skip
+    settings = {"upstream": upstream.url, "port": 0, "metrics_port": 0, "workers": args.workers, "drain_seconds": 1}
+    if args.telemetry_process:  # only when asked: the script also runs older checkouts (A/B)
+        settings["telemetry_process"] = True
     sink = await OTLPSink().start() if args.export else None
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url} if sink is not None else {"OTEL_TRACES_EXPORTER": "none"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
