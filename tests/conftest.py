@@ -1,5 +1,6 @@
 """Shared fixtures: a fake upstream on port 0, an in-memory span exporter, a fresh registry,
-and the real proxy started in-process on port 0 in front of them."""
+the real proxy started in-process on port 0 in front of them, and a forward proxy
+(`HTTPS_PROXY`) with a throwaway CA for the TLS behind it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,6 +21,7 @@ from proxy.serve import running
 from proxy.settings import Settings
 from proxy.timing import RequestRecord
 from tests.fakes import FakeUpstream, Handler, json_handler
+from tests.forwardproxy import ForwardProxyServer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,6 +35,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    """A throwaway certificate authority: issue upstream certificates, trust it in clients."""
+    return trustme.CA()
+
+
+@pytest.fixture
+async def forward() -> AsyncIterator[ForwardProxyServer]:
+    """A real forward proxy on port 0 (tests/forwardproxy.py): `upstream.test` is 127.0.0.1 to
+    it alone; it refuses `blocked.test` (403)."""
+    server = await ForwardProxyServer(hosts={"upstream.test": "127.0.0.1"}, refuse=frozenset({"blocked.test"})).start()
+    yield server
+    await server.close()
 
 
 @pytest.fixture

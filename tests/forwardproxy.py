@@ -1,6 +1,7 @@
 """A small forward proxy for the tests, speaking what corporate proxies speak: `CONNECT host:port`
 (a tunnel, for https upstreams) and absolute-form requests (`GET http://host/path`, for http
-ones), Basic `Proxy-Authorization` (407 without it), and a host it refuses (403).
+ones), Basic `Proxy-Authorization` (407 without it), a host it refuses (403), and 502 for a
+target it cannot reach.
 
 Names in `hosts` resolve to 127.0.0.1 (the tests' upstreams listen there under made-up names,
 which the proxy under test never resolves itself: the forward proxy does).
@@ -94,7 +95,12 @@ class ForwardProxyServer:
             writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             await writer.drain()
             return
-        up_reader, up_writer = await asyncio.open_connection(self.hosts.get(host, host), int(port))
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self.hosts.get(host, host), int(port))
+        except OSError:  # as squid or tinyproxy: the proxy is up, the target is not reachable from it
+            writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            return
         if method == "CONNECT":
             await asyncio.sleep(self.connect_delay)
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")

@@ -122,11 +122,6 @@ def test_serve_refuses_an_unusable_proxy_at_start(
 
 
 @pytest.fixture
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture
 async def tls_upstream(ca: trustme.CA) -> AsyncIterator[int]:
     """An HTTPS server for `upstream.test` (a name only the forward proxy knows)."""
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -154,13 +149,6 @@ async def _app_runner(ssl_context: ssl.SSLContext | None) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
     return runner
-
-
-@pytest.fixture
-async def forward() -> AsyncIterator[ForwardProxyServer]:
-    server = await ForwardProxyServer(hosts={"upstream.test": "127.0.0.1"}, refuse=frozenset({"blocked.test"})).start()
-    yield server
-    await server.close()
 
 
 def _trusting(ca: trustme.CA) -> ssl.SSLContext:

@@ -13,11 +13,13 @@ token is.
 
 At the first token it also reads the kernel's `TCP_INFO` of the connection that carried the
 request (Linux), and with a `ConnectTimer` on the session, the time spent opening that
-connection: together, the network's share of the TTFT (`network_share`).
+connection: together, the network's share of the TTFT (`network_share`). Through a forward
+proxy (a `Route` from `proxy.tools.route`) both are to the forward proxy, and the line says so.
 """
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,10 +37,11 @@ from proxy.dialects import (
     reader_for,
 )
 from proxy.sse import SSEDecoder, SSEEvent
+from proxy.tools.route import DIRECT, Route, os_reason
 
 __all__ = [
     "API_ALIASES", "Call", "ConnectTimer", "Measurement", "api_name", "auth_headers", "error_message", "measure",
-    "ms", "network_share", "request_for",
+    "ms", "network_share", "request_for", "tls_context",
 ]  # fmt: skip
 
 API_ALIASES: dict[str, str] = {
@@ -257,15 +260,32 @@ def ms(seconds: float) -> str:
     return f"{value:.1f} ms" if value >= 1 else f"{value:.3f} ms"
 
 
-def network_share(m: Measurement) -> str | None:
-    """The one line: "your network adds X ms of the Y ms TTFT (...)"; None without TCP_INFO."""
+def tls_context() -> ssl.SSLContext:
+    """The system's trust as it is now (`SSL_CERT_FILE` / `SSL_CERT_DIR` read at this call;
+    aiohttp's default context is made once, at import), HTTP/1.1 by ALPN as aiohttp's."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+def network_share(m: Measurement, route: Route = DIRECT) -> str | None:
+    """The one line: "your network adds X ms of the Y ms TTFT (...)"; None without TCP_INFO.
+    Through a forward proxy the connection and its round trip are to the proxy: "at least"."""
     network = m.network_s
     if network is None or m.ttft_s is None or m.rtt_s is None:
         return None
-    parts = f"{ms(m.rtt_s)} round trip"
+    if route.forward is None:
+        parts = f"{ms(m.rtt_s)} round trip"
+        if m.connect_s:
+            parts = f"{ms(m.connect_s)} opening the connection + {parts}"
+        return f"your network adds {ms(network)} of the {ms(m.ttft_s)} TTFT ({parts}; the rest is the server)"
+    parts = f"{ms(m.rtt_s)} round trip to the forward proxy"
     if m.connect_s:
-        parts = f"{ms(m.connect_s)} opening the connection + {parts}"
-    return f"your network adds {ms(network)} of the {ms(m.ttft_s)} TTFT ({parts}; the rest is the server)"
+        parts = f"{ms(m.connect_s)} opening the connection ({route.connect_means}) + {parts}"
+    return (
+        f"your network adds at least {ms(network)} of the {ms(m.ttft_s)} TTFT ({parts}; "
+        "the rest is the forward proxy's own leg to the target and the server)"
+    )
 
 
 async def _exchange(
@@ -275,14 +295,17 @@ async def _exchange(
     headers: Mapping[str, str],
     stream: _Stream,
     clock: Callable[[], float],
+    route: Route,
 ) -> tuple[int, str | None, tcpinfo.TcpInfo | None]:
     """POST and read the answer into `stream`: (status, error, the connection's TCP_INFO at the
     first token). Errors name the kind of failure, never the exception's text (it can carry the URL)."""
     status = 0
     tcp: tcpinfo.TcpInfo | None = None
     try:
-        async with session.post(url, data=payload, headers=headers) as response:
+        async with session.post(url, data=payload, **route.options(headers)) as response:
             status = response.status
+            if status == 407 and route.forward is not None:  # only a proxy sends 407 (RFC 9110)
+                return status, "; ".join(route.wants_credentials()), None
             if status != 200:
                 return status, f"HTTP {status}: {error_message(await response.read())}", None
             sock = _socket_of(response)
@@ -292,12 +315,16 @@ async def _exchange(
                     tcp = tcpinfo.read(sock)  # once, after the first token's clock: one system call
     except aiohttp.ClientPayloadError:
         return status, "stream cut: the connection closed mid-body", tcp
+    except aiohttp.ClientHttpProxyError as exc:  # the forward proxy answered CONNECT without a tunnel
+        return status, "; ".join(route.refused(exc.status, exc.message)), tcp
+    except aiohttp.ClientProxyConnectionError as exc:
+        return status, "; ".join(route.unreachable(os_reason(exc.os_error))), tcp
     except aiohttp.ClientConnectorError as exc:
         return status, f"cannot connect to {exc.host}:{exc.port}: {exc.os_error.strerror or exc.os_error}", tcp
     except aiohttp.ClientError as exc:
         return status, type(exc).__name__, tcp
     except TimeoutError:
-        return status, "timed out", tcp
+        return status, "timed out" + (f" ({route.described})" if route.forward is not None else ""), tcp
     return status, stream.error, tcp
 
 
@@ -310,11 +337,12 @@ async def measure(
     headers: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     connect_timer: ConnectTimer | None = None,
+    route: Route = DIRECT,
 ) -> Measurement:
     """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`.
 
     With `connect_timer` (on the session's trace configs) the time spent opening a connection for
-    this call is measured too."""
+    this call is measured too. `route`: directly, or through a forward proxy."""
     path, body = request_for(call)
     send_headers = {
         "Content-Type": "application/json",
@@ -326,7 +354,7 @@ async def measure(
     connecting = connect_timer.total if connect_timer is not None else 0.0
     t0 = clock()
     status, error, tcp = await _exchange(
-        session, base_url.rstrip("/") + path, orjson.dumps(body), send_headers, stream, clock
+        session, base_url.rstrip("/") + path, orjson.dumps(body), send_headers, stream, clock, route
     )
     t_end = clock()
     if status == 200 and error is None and not stream.ended:

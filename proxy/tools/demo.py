@@ -3,13 +3,16 @@ process; a streaming client runs the article's three experiments through the pro
 per run, what the client saw next to the proxy's network / prefill_wait / decode split.
 
 `--once` exits after the table; otherwise the proxy and simulator keep running for your own
-tools. `--real` (with TAOTOKEN_API_KEY) runs the same experiments against the real upstream.
+tools. `--real` (with TAOTOKEN_API_KEY) runs the same experiments against the real upstream,
+reached as `serve` reaches it: through the forward proxy `HTTPS_PROXY` / `HTTP_PROXY` names unless
+`NO_PROXY` says direct (the client's own leg, to the proxy on loopback, is always direct).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import sys
 from collections.abc import Awaitable, Callable
@@ -20,10 +23,11 @@ import aiohttp
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Shutdown, run_loop
 from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running
-from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream
+from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream, upstream_url
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.timing import RequestRecord
@@ -214,6 +218,14 @@ async def demo(
     if settings.real and not key:
         print("demo: --real needs a key: export TAOTOKEN_API_KEY=<your key>", file=sys.stderr)
         return 2, []
+    via = ""
+    if settings.real:
+        try:  # the proxy's pool reads the same variables: a bad one is named here, not in a traceback
+            forward = forward_proxy_for(upstream_url(settings.upstream), os.environ)
+        except ValueError as exc:
+            print(f"demo: {exc}", file=sys.stderr)
+            return 2, []
+        via = f" through the {forward.where}" if forward is not None else ""
     port = settings.port if settings.port is not None else (0 if settings.once else 8787)
     metrics_port = settings.metrics_port if settings.metrics_port is not None else (0 if settings.once else 9464)
     records = Records()
@@ -249,7 +261,7 @@ async def demo(
             out.write(json.dumps(to_json(results), indent=2) + "\n")
         else:
             where = (
-                "the real upstream " + upstream
+                f"the real upstream {upstream}{via}"
                 if settings.real
                 else f"the simulator (time_scale {settings.time_scale})"
             )

@@ -6,7 +6,11 @@
              (then the fix names the variable to set); one that needs none (the simulator) passes
     network  the base URL is well formed (http(s), no endpoint path glued on), its host
              resolves, a TCP connection opens, TLS completes, and `GET {base}/models` is routed
-             (a 404 there means a path is added or missing: the right base URL is named)
+             (a 404 there means a path is added or missing: the right base URL is named).
+             Behind a corporate proxy (`HTTPS_PROXY` / `HTTP_PROXY`, unless `NO_PROXY` says
+             direct: `serve`'s rules) it says which way it went, and steps through the forward
+             proxy instead: its name, TCP to it, CONNECT, TLS through the tunnel; a proxy that is
+             down or refuses (407, 403, 502) is told apart from a target that is unreachable
     auth     `GET {base}/models` accepts the key (401/403 say so); a taotrace proxy's own 502/504
              is told as the proxy failing to reach its upstream, not as the endpoint's trouble
     model    `--model` is in that list (close names are suggested)
@@ -23,11 +27,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
-import socket
+import os
 import ssl
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
@@ -36,9 +39,8 @@ import orjson
 from pydantic import Field
 from yarl import URL
 
-from proxy import tcpinfo
 from proxy.dialects import API_CHAT
-from proxy.tools.client import Call, ConnectTimer, auth_headers, error_message, measure, ms, network_share
+from proxy.tools.client import Call, ConnectTimer, auth_headers, error_message, measure, network_share, tls_context
 from proxy.tools.clientconfig import (
     DEFAULT_BASE_URL,
     BaseURLError,
@@ -50,6 +52,8 @@ from proxy.tools.clientconfig import (
     parse_base_url,
     shown_url,
 )
+from proxy.tools.reach import Unreachable, reach
+from proxy.tools.route import DIRECT, Route, os_reason, route_for
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
 
@@ -88,6 +92,9 @@ class _State:
 
     target: Target
     timeout: float
+    environ: Mapping[str, str]
+    tls: ssl.SSLContext
+    route: Route = DIRECT
     models_status: int | None = None
     models_body: bytes = b""
     model_ids: list[str] = field(default_factory=list)
@@ -146,52 +153,10 @@ def _parse_base(base: str) -> URL:
         raise Failed(exc.cause, exc.fix) from None
 
 
-async def _reach(url: URL, timeout: float) -> list[str]:
-    """DNS, TCP, TLS: each step timed, each failure named."""
-    host, port = url.host or "", url.port or (443 if url.scheme == "https" else 80)
-    loop = asyncio.get_running_loop()
-    notes: list[str] = []
-    t = time.perf_counter()
-    try:
-        infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
-    except (socket.gaierror, TimeoutError) as exc:
-        raise Failed(
-            f"cannot resolve {host!r} ({exc.strerror if isinstance(exc, socket.gaierror) else 'DNS timed out'})",
-            "check the host name in --base-url, and DNS / network access from this machine",
-        ) from None
-    notes.append(f"{host} resolved ({(time.perf_counter() - t) * 1000:.0f} ms)")
-    address = str(infos[0][4][0])
-    tls = ssl.create_default_context() if url.scheme == "https" else None
-    t = time.perf_counter()
-    try:
-        _, writer = await asyncio.wait_for(
-            asyncio.open_connection(address, port, ssl=tls, server_hostname=host if tls else None), timeout
-        )
-    except ssl.SSLError as exc:
-        raise Failed(
-            f"TLS with {host}:{port} failed ({exc.reason or exc})",
-            "is something intercepting TLS (a corporate proxy)? is the port an https port? is the system clock right?",
-        ) from None
-    except TimeoutError:
-        raise Failed(
-            f"connecting to {host}:{port} timed out after {timeout:.0f}s",
-            "a firewall or a required HTTP proxy may be in the way; check the port in --base-url",
-        ) from None
-    except OSError as exc:
-        raise Failed(
-            f"cannot connect to {host}:{port} ({exc.strerror or exc})",
-            "is the server running and the port right? (for the simulator: taotrace sim)",
-        ) from None
-    connected = (time.perf_counter() - t) * 1000
-    info = tcpinfo.read(writer.get_extra_info("socket"))
-    writer.close()
-    rtt = f", round trip {ms(info.round_trip)}" if info is not None and info.round_trip is not None else ""
-    notes.append(f"connected{' with TLS' if tls else ''} ({connected:.0f} ms{rtt})")
-    return notes
-
-
-async def _get_models(session: aiohttp.ClientSession, base: str, key: str | None) -> tuple[int, bytes, str]:
-    async with session.get(base.rstrip("/") + "/models", headers=auth_headers(API_CHAT, key)) as response:
+async def _get_models(
+    session: aiohttp.ClientSession, base: str, key: str | None, route: Route
+) -> tuple[int, bytes, str]:
+    async with session.get(base.rstrip("/") + "/models", **route.options(auth_headers(API_CHAT, key))) as response:
         return response.status, await response.read(), response.headers.get("Content-Type", "")
 
 
@@ -206,23 +171,40 @@ def _alternatives(url: URL) -> list[str]:
     return out
 
 
+def _route(url: URL, environ: Mapping[str, str]) -> Route:
+    try:
+        return route_for(url, environ)
+    except ValueError as exc:  # a bad HTTPS_PROXY: named, never with its credentials
+        raise Failed(str(exc), "give it as http://[USER:PASSWORD@]host:port, or unset it to connect directly") from None
+
+
 async def check_network(state: _State) -> str:
     url = _parse_base(state.target.base_url)
-    notes = await _reach(url, state.timeout)
+    state.route = route = _route(url, state.environ)
+    try:
+        notes = await reach(url, route, state.timeout, state.tls)
+    except Unreachable as exc:
+        raise Failed(exc.cause, exc.fix) from None
     timeout = aiohttp.ClientTimeout(total=state.timeout * 3, sock_connect=state.timeout, sock_read=state.timeout)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=state.tls), timeout=timeout) as session:
         try:
-            status, body, kind = await _get_models(session, state.target.base_url, state.target.api_key)
+            status, body, kind = await _get_models(session, state.target.base_url, state.target.api_key, route)
+        except aiohttp.ClientHttpProxyError as exc:  # the forward proxy answered CONNECT without a tunnel
+            raise Failed(*route.refused(exc.status, exc.message)) from None
+        except aiohttp.ClientProxyConnectionError as exc:
+            raise Failed(*route.unreachable(os_reason(exc.os_error))) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise Failed(
                 f"GET {_shown(state.target.base_url)}/models failed ({type(exc).__name__})",
                 "the host answers TCP but not HTTP here: check the scheme (http vs https) and port",
             ) from None
+        if status == 407 and route.forward is not None:  # only a proxy sends 407 (RFC 9110)
+            raise Failed(*route.wants_credentials())
         routed = status != 404 and not (status == 200 and "html" in kind)
         if not routed:
             for candidate in _alternatives(url):
                 try:
-                    alt_status, _, alt_kind = await _get_models(session, candidate, state.target.api_key)
+                    alt_status, _, alt_kind = await _get_models(session, candidate, state.target.api_key, route)
                 except (aiohttp.ClientError, TimeoutError):
                     continue
                 if alt_status != 404 and "html" not in alt_kind:
@@ -244,20 +226,27 @@ async def check_network(state: _State) -> str:
 # --- auth, model ---------------------------------------------------------------------------
 
 
+def _maybe_proxy(state: _State) -> str:
+    """An http target through a forward proxy: any answer may be the proxy's own (no tunnel)."""
+    if state.route.forward is None or state.route.tunnel:
+        return ""
+    return f" (through the {state.route.forward.where}: the answer may be the forward proxy's own)"
+
+
 async def check_auth(state: _State) -> str:
     status = state.models_status
     if status in (401, 403) and not state.target.api_key:
         raise _no_key(state, status)
     if status in (401, 403):
         raise Failed(
-            f"the key was rejected: GET /models answered {status}: {error_message(state.models_body)}",
+            f"the key was rejected: GET /models answered {status}: {error_message(state.models_body)}{_maybe_proxy(state)}",
             "check the key belongs to this endpoint, is not revoked, and was copied whole",
         )
     if status == 429:
         raise Failed("rate limited (429) already on GET /models", "wait and retry; check the account's quota")
     if status != 200:
         raise _proxy_trouble(status or 0, error_message(state.models_body)) or Failed(
-            f"GET /models answered {status}: {error_message(state.models_body)}",
+            f"GET /models answered {status}: {error_message(state.models_body)}{_maybe_proxy(state)}",
             "the endpoint is having trouble: retry later, or check its status page",
         )
     try:
@@ -293,8 +282,11 @@ async def check_stream(state: _State) -> str:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=state.timeout, sock_read=state.timeout * 6)
     call = Call(API_CHAT, state.target.model, STREAM_PROMPT, 8, dict(state.target.params))
     timer = ConnectTimer()
-    async with aiohttp.ClientSession(timeout=timeout, trace_configs=[timer.config]) as session:
-        m = await measure(session, state.target.base_url, call, api_key=state.target.api_key, connect_timer=timer)
+    connector = aiohttp.TCPConnector(ssl=state.tls)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[timer.config]) as session:
+        m = await measure(
+            session, state.target.base_url, call, api_key=state.target.api_key, connect_timer=timer, route=state.route
+        )
     if m.status in (401, 403) and not state.target.api_key:
         raise _no_key(state, m.status)
     if m.status in (401, 403):
@@ -323,7 +315,7 @@ async def check_stream(state: _State) -> str:
         else "no usage chunk (stream_options.include_usage ignored: tokens counted from chunks)"
     )
     ttft = f"TTFT {m.ttft_s * 1000:.0f} ms, " if m.ttft_s is not None else ""
-    share = network_share(m)
+    share = network_share(m, state.route)
     network = f"\n{'':<15}{share}" if share else ""  # its own line under the check
     return f"{m.events} chunks parsed, {m.token_events} tokens, {ttft}{usage}, [DONE] seen{network}"
 
@@ -337,9 +329,17 @@ CHECKS: tuple[tuple[str, Callable[[_State], Awaitable[str]]], ...] = (
 )
 
 
-async def diagnose(target: Target, timeout: float = 10.0) -> list[Check]:
-    """Run the checks in order; stop at the first failure (the rest are `skip`)."""
-    state = _State(target, timeout)
+async def diagnose(
+    target: Target,
+    timeout: float = 10.0,
+    *,
+    environ: Mapping[str, str] = os.environ,
+    tls: ssl.SSLContext | None = None,
+) -> list[Check]:
+    """Run the checks in order; stop at the first failure (the rest are `skip`).
+    `environ`: where `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` are read; `tls`: the trust to
+    check certificates with (default: the system's, as it is now)."""
+    state = _State(target, timeout, environ, tls if tls is not None else tls_context())
     results: list[Check] = []
     failed = False
     for name, check in CHECKS:

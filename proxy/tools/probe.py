@@ -5,13 +5,20 @@ TPOT and tokens/s as the client sees them (definitions in `proxy.tools.client`),
 the TTFT is the network: opening the connection plus one round trip, from the kernel's
 `TCP_INFO` of the connection that carried the request (Linux). `--json` prints
 `{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", "rtt_s", "connect_s",
-"network_s", ...}`; with `--runs` > 1 the top-level numbers are medians and `runs` lists each one.
+"network_s", "forward_proxy", ...}`; with `--runs` > 1 the top-level numbers are medians and
+`runs` lists each one.
+
+Behind a corporate proxy the request goes the way `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` say,
+by `serve`'s rules (`proxy.tools.route`); then "opening the connection" is to the forward proxy
+(+ CONNECT + TLS through the tunnel) and the round trip is to the forward proxy, and the output
+says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -20,8 +27,9 @@ from typing import Any, Literal, TextIO
 import aiohttp
 from pydantic import Field
 
-from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measure, ms, network_share
+from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measure, ms, network_share, tls_context
 from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
+from proxy.tools.route import DIRECT, Route, route_for
 from proxy.tools.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
@@ -49,15 +57,18 @@ def _call(settings: ProbeSettings, target: Target) -> Call:
     return Call(api_name(settings.api), target.model, prompt, int(max_tokens), params)
 
 
-async def probe(settings: ProbeSettings, target: Target) -> list[Measurement]:
-    """Run the requests one after another on one connection pool."""
+async def probe(settings: ProbeSettings, target: Target, route: Route = DIRECT) -> list[Measurement]:
+    """Run the requests one after another on one connection pool, on `route`."""
     call = _call(settings, target)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout, sock_read=settings.timeout)
     results: list[Measurement] = []
     timer = ConnectTimer()
-    async with aiohttp.ClientSession(timeout=timeout, trace_configs=[timer.config]) as session:
+    connector = aiohttp.TCPConnector(ssl=tls_context())
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[timer.config]) as session:
         for _ in range(settings.runs):
-            results.append(await measure(session, target.base_url, call, api_key=target.api_key, connect_timer=timer))
+            results.append(
+                await measure(session, target.base_url, call, api_key=target.api_key, connect_timer=timer, route=route)
+            )
             if not results[-1].ok:
                 break
     return results
@@ -102,17 +113,22 @@ def summary(results: Sequence[Measurement], many: bool) -> dict[str, Any]:
     return out
 
 
-def report(settings: ProbeSettings, target: Target, results: Sequence[Measurement], out: TextIO) -> int:
+def report(
+    settings: ProbeSettings, target: Target, results: Sequence[Measurement], out: TextIO, route: Route = DIRECT
+) -> int:
     failed = next((m for m in results if not m.ok), None)
     good = [m for m in results if m.ok]
     if settings.json_output:
         doc: dict[str, Any] = {"base_url": target.base_url, "model": target.model, "api": api_name(settings.api)}
+        doc["forward_proxy"] = route.forward.shown if route.forward is not None else None
         doc.update(summary(good, settings.runs > 1))
         if failed is not None:
             doc["error"] = failed.error
         out.write(json.dumps(doc, indent=2) + "\n")
     else:
         out.write(f"probe {target.model} via {api_name(settings.api)} at {target.base_url}\n")
+        if route.forward is not None or route.bypass:
+            out.write(_route_line(route) + "\n")
         if good:
             out.write(format_table(good) + "\n")
         if len(good) > 1:
@@ -120,7 +136,7 @@ def report(settings: ProbeSettings, target: Target, results: Sequence[Measuremen
             out.write(
                 f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {cell(med['tokens_per_s'], 1)} tok/s\n"
             )
-        line = network_share(good[-1]) if good else None  # the last run: on a warm connection when runs > 1
+        line = network_share(good[-1], route) if good else None  # the last run: on a warm connection when runs > 1
         if line is not None:
             out.write(f"network (run {len(good)}): {line}\n")
         if failed is not None:
@@ -128,14 +144,24 @@ def report(settings: ProbeSettings, target: Target, results: Sequence[Measuremen
     return 0 if failed is None and results else 1
 
 
+def _route_line(route: Route) -> str:
+    if route.forward is None:
+        return f"route: {route.described}"
+    return (
+        f"route: {route.described}; network = opening the connection ({route.connect_means}) "
+        "+ one round trip to the forward proxy"
+    )
+
+
 def run(settings: ProbeSettings, out: TextIO = sys.stdout) -> int:
     """The `taotrace probe` command."""
     try:
         target = load_target(settings)
-        parse_base_url(target.base_url)  # the same check, and the same words, as doctor's
+        url = parse_base_url(target.base_url)  # the same check, and the same words, as doctor's
         api_name(settings.api)
+        route = route_for(url, os.environ)  # a bad HTTPS_PROXY: one line, as `serve` says it
     except ValueError as exc:
         print(f"probe: {exc}", file=sys.stderr)
         return 2
-    results = asyncio.run(probe(settings, target))
-    return report(settings, target, results, out)
+    results = asyncio.run(probe(settings, target, route))
+    return report(settings, target, results, out, route)
