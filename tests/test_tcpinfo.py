@@ -9,6 +9,7 @@ moment (`...loopback.ss.txt`): `rtt:0.02/0.012` ms, `minrtt:0.005` ms,
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 import sys
@@ -73,6 +74,39 @@ def test_read_a_real_loopback_connection() -> None:
             assert info is not None and info.rtt is not None and 0 < info.rtt < 0.5
             assert info.total_retrans == 0 and info.min_rtt is not None and info.min_rtt > 0
         assert tcpinfo.read(client) is None  # closed
+
+
+@linux_only
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_read_through_a_transports_socket_leaves_the_connection_working(loop: str) -> None:
+    # What upstream.py reads: the transport's stand-in for its socket (uvloop's PseudoSocket,
+    # asyncio's TransportSocket). Read many times, the descriptor stays open and usable.
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(await reader.readexactly(4))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        async with server:
+            reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+            sock = writer.transport.get_extra_info("socket")
+            assert not isinstance(sock, socket.socket)
+            for _ in range(1000):
+                info = tcpinfo.read(sock)
+                assert info is not None and info.total_retrans == 0
+            writer.write(b"ping")
+            assert await reader.readexactly(4) == b"ping"
+            after = tcpinfo.read(sock)
+            assert after is not None and after.rtt is not None and after.rtt > 0
+            writer.close()
+            await writer.wait_closed()
+
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 def test_read_gives_nothing_for_what_is_not_a_tcp_socket() -> None:
