@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.errors import ProxyError, error_type_for_status
 from proxy.telemetry import exposition
-from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_TOKEN, ERROR_TYPES, ModelLabels
+from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_TOKEN, ERROR_TYPES, Metrics, ModelLabels
 from tests.conftest import Proxied
-from tests.fakes import chat_stream, stream_handler
+from tests.fakes import chat_stream, record_for, stream_handler
 
 CONTRACT = {
     "taotrace_requests": ("counter", {"api", "model", "status_code", "error_type"}),
@@ -220,3 +221,21 @@ def test_observe_many_counts_every_value_even_a_nan() -> None:
     (family,) = [fast.collect()]
     counts = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
     assert counts["+Inf"] == len(values)
+
+
+def test_the_itl_exemplar_is_the_slowest_gap() -> None:
+    # One exemplar per stream on the inter-token histogram: on the slowest gap's bucket, with
+    # that gap as its value; every gap is counted once.
+    metrics = Metrics(CollectorRegistry())
+    rec = record_for("chat_completions", "m", 200, random.Random(3), tokens=40)
+    metrics.record(rec)
+    page = metrics.registry.render(openmetrics=True).decode()
+    lines = [line for line in page.splitlines() if line.startswith("taotrace_inter_token_latency_seconds_bucket")]
+    with_exemplar = [line for line in lines if "#" in line]
+    slowest = max(rec.timing.itl)
+    assert len(with_exemplar) == 1
+    assert f'# {{trace_id="{rec.trace_id}"}} {slowest!r} ' in with_exemplar[0]
+    le = float(with_exemplar[0].split('le="')[1].split('"')[0])
+    below = [b for b in BUCKETS_TOKEN if b < le]
+    assert slowest <= le and (not below or slowest > below[-1])
+    assert lines[-1].split("}")[1].split()[0] == f"{len(rec.timing.itl)}.0"  # +Inf: every gap

@@ -239,14 +239,18 @@ class _Buckets:
         self.sum += value
         self.version += 1
         if exemplar is not None:
-            new = i not in self.exemplars
-            self.exemplars[i] = (exemplar["trace_id"], value, time.time())
-            self.rendered.pop(i, None)
-            if new:  # after the exemplar is in: a render in another thread reads positions first
-                self.positions = tuple(sorted(self.exemplars))
+            self._exemplar(i, value, exemplar)
 
-    def observe_many(self, values: Sequence[float]) -> None:
-        """`observe(v)` for each value without exemplars, one pass per bucket touched.
+    def _exemplar(self, i: int, value: float, exemplar: dict[str, str]) -> None:
+        new = i not in self.exemplars
+        self.exemplars[i] = (exemplar["trace_id"], value, time.time())
+        self.rendered.pop(i, None)
+        if new:  # after the exemplar is in: a render in another thread reads positions first
+            self.positions = tuple(sorted(self.exemplars))
+
+    def observe_many(self, values: Sequence[float], exemplar: dict[str, str] | None = None) -> None:
+        """`observe(v)` for each value, one pass per bucket touched; `exemplar` goes with the
+        largest value (a stream's slowest gap is the one worth opening as a trace).
 
         Sorted (in C), the values of one bucket are a run: two bisects count it, so a stream's
         gaps, which fall in a few buckets, cost a sort rather than a Python step per value
@@ -264,6 +268,9 @@ class _Buckets:
             pos = end
         self.sum += sum(values)
         self.version += 1
+        if exemplar is not None:
+            largest = ordered[-1]
+            self._exemplar(bisect_left(bounds, largest), largest, exemplar)
 
     def render(self, openmetrics: bool) -> bytes:
         version = self.version  # read first: an observation during the render makes the cache stale

@@ -306,15 +306,7 @@ class Metrics:
                 c.decode.observe(t.decode, exemplar)
             if t.tpot is not None:
                 c.tpot.observe(t.tpot, exemplar)
-            if t.itl:
-                gaps: tuple[float, ...] = t.itl
-                if exemplar is not None:
-                    # An exemplar on the slowest gap only: it is the one worth opening in Jaeger.
-                    slowest = max(gaps)
-                    c.itl.observe(slowest, exemplar)
-                    i = gaps.index(slowest)
-                    gaps = gaps[:i] + gaps[i + 1 :]
-                c.itl.observe_many(gaps)
+            c.itl.observe_many(t.itl, exemplar)  # the exemplar on the slowest gap only
         found = self._overhead.get(rec.api)
         if found is None:
             found = self._overhead[rec.api] = (
