@@ -175,3 +175,17 @@ async def test_metrics_port_serves_both_formats(aiohttp_client) -> None:
     body = await r.text()
     assert '# {trace_id="' in body and body.endswith("# EOF\n")
     list(parse_openmetrics(body))
+
+
+def test_labels_finds_one_child_however_the_values_are_given() -> None:
+    # `labels()` looks the given values up as they are before it converts them to strings: a
+    # number, its string and the named form must still reach the same child, and a wrong count
+    # is still refused.
+    counter = ex.Counter("c", "c", ("api", "status_code"))
+    first = counter.labels("chat", "200")
+    assert counter.labels("chat", 200) is first
+    assert counter.labels(api="chat", status_code=200) is first
+    assert counter.labels("chat", "200") is first
+    assert len(counter.children) == 1
+    with pytest.raises(ValueError, match="expected labels"):
+        counter.labels("chat")

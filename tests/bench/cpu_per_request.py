@@ -42,25 +42,47 @@ def _load(port: int, concurrency: int, tokens: int, seconds: float) -> int:
     return int(m.group(1))
 
 
+def _callgrind(action: str, pid: int, out: Path) -> int:
+    """Zero (`-z`) or dump (`-d`) the proxy's callgrind counters; a dump returns its instructions."""
+    before = set(out.parent.glob(out.name + ".*"))
+    subprocess.run(["callgrind_control", action, str(pid)], capture_output=True, check=True)
+    if action != "-d":
+        return 0
+    for _ in range(100):
+        new = set(out.parent.glob(out.name + ".*")) - before
+        text = next(iter(new)).read_text(errors="replace") if new else ""
+        m = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        if m:
+            return int(m.group(1))
+        time.sleep(0.1)
+    raise RuntimeError("callgrind wrote no dump")
+
+
 def measure(src: Path, env: dict[str, str], upstream: int, args: argparse.Namespace, logdir: Path) -> float:
-    """µs of proxy CPU per completed stream, one fresh proxy from `src`."""
+    """µs of proxy CPU per completed stream (with --callgrind: instructions), one fresh proxy from `src`."""
     port, mport = free_port(), free_port()
+    out = logdir / f"callgrind-{src.name}-{port}.out"
+    wrap = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] if args.callgrind else []
     proc = Proc(
         "proxy",
-        [PY, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream}",
+        [*wrap, PY, "-m", "proxy", "serve", "--upstream", f"http://127.0.0.1:{upstream}",
          "--port", str(port), "--metrics-port", str(mport)],
         logdir / f"proxy-{src.name}.log", env=env, cwd=str(src),
     ).start()  # fmt: skip
     try:
-        wait_port(port, 30, proc.popen)
+        wait_port(port, 300 if args.callgrind else 30, proc.popen)
         _load(port, args.concurrency, args.tokens, args.warmup)
+        if args.callgrind:
+            _callgrind("-z", proc.pid, out)
+            streams = _load(port, args.concurrency, args.tokens, args.seconds)
+            return _callgrind("-d", proc.pid, out) / streams
         pids = proc.pids(refresh=True)
         before = cpu_ns(pids)
         streams = _load(port, args.concurrency, args.tokens, args.seconds)
         return (cpu_ns(pids) - before) / streams / 1e3
     finally:
         proc.popen.terminate()  # type: ignore[union-attr]
-        proc.popen.wait(10)  # type: ignore[union-attr]
+        proc.popen.wait(60)  # type: ignore[union-attr]
 
 
 def main() -> None:
@@ -74,6 +96,13 @@ def main() -> None:
     ap.add_argument(
         "--otlp", action="store_true", help="export spans to a live OTLP sink (else OTEL_TRACES_EXPORTER=none)"
     )
+    ap.add_argument("--interval-ms", type=float, default=1.0, help="the upstream's gap between tokens")
+    ap.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count the proxy's instructions per request under valgrind instead (~50x slower, but deaf to "
+        "other processes: use --concurrency 4 --interval-ms 10 so that reads do not merge)",
+    )
     ap.add_argument("--logs", type=Path, default=Path("/tmp/cpu_per_request"))
     args = ap.parse_args()
     arms = {name: Path(d).resolve() for name, _, d in (a.partition("=") for a in args.arm)}
@@ -82,7 +111,7 @@ def main() -> None:
     upstream = free_port()
     helpers = [
         Proc("upstream", [PY, str(HERE / "upstream.py"), "--port", str(upstream), "--ttft-ms", "20",
-                          "--interval-ms", "1"], args.logs / "upstream.log", env=env).start()
+                          "--interval-ms", str(args.interval_ms)], args.logs / "upstream.log", env=env).start()
     ]  # fmt: skip
     wait_port(upstream, 30, helpers[0].popen)
     penv = dict(env)
@@ -96,18 +125,19 @@ def main() -> None:
     else:
         penv["OTEL_TRACES_EXPORTER"] = "none"
     results: dict[str, list[float]] = {name: [] for name in arms}
+    unit = "instructions/request" if args.callgrind else "us/request"
     try:
         for i in range(args.repeat):
             for name, src in arms.items():
                 us = measure(src, penv, upstream, args, args.logs)
                 results[name].append(us)
-                print(f"round {i + 1} {name}: {us:.0f} us/request", flush=True)
+                print(f"round {i + 1} {name}: {us:.0f} {unit}", flush=True)
                 time.sleep(0.5)
     finally:
         for h in helpers:
             h.popen.terminate()  # type: ignore[union-attr]
     for name, values in results.items():
-        print(f"{name}: median {statistics.median(values):.0f} us/request, "
+        print(f"{name}: median {statistics.median(values):.0f} {unit}, "
               f"range {min(values):.0f}-{max(values):.0f} ({', '.join(f'{v:.0f}' for v in values)})")  # fmt: skip
 
 

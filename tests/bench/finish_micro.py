@@ -1,22 +1,46 @@
 """µs per request of each step the proxy runs once per request, at its end, in isolation.
 
-    python tests/bench/finish_micro.py                 # this checkout
-    python tests/bench/finish_micro.py --src /tmp/base # another tree holding proxy/ (A/B)
+    python tests/bench/finish_micro.py                              # this checkout
+    python tests/bench/finish_micro.py --src /tmp/base --src .      # A/B: trees holding proxy/, interleaved
 
 Each step runs on the input a 16-token chat stream through the bench upstream gives it (a
-Bearer key, the upstream's six response headers, 16 token events, 19 reads); best of `--best`
+Bearer key, the upstream's six response headers, 16 token events, 19 reads, TCP_INFO through
+uvloop's transport socket as the proxy reads it); best of `--best`
 runs of `--number` calls. Steps that exist only in a newer tree are skipped in an older one.
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
+import json
+import subprocess
 import sys
 import timeit
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def _transport_socket() -> Any:
+    """What the proxy reads TCP_INFO from: a uvloop transport's socket (a PseudoSocket), connected."""
+    import asyncio
+
+    import uvloop
+
+    loop = uvloop.new_event_loop()
+
+    async def connect() -> Any:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        _, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        writer.write(b"x" * 1000)
+        await writer.drain()
+        return server, writer  # kept alive with the loop
+
+    _KEEP.append(loop.run_until_complete(connect()))
+    return _KEEP[-1][1].transport.get_extra_info("socket")
+
+
+_KEEP: list[Any] = []
 
 
 def steps(src: Path) -> dict[str, Callable[[], Any]]:
@@ -69,11 +93,7 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     limited = [*upstream, ("x-ratelimit-remaining-requests", "499"), ("x-ratelimit-reset-requests", "120ms")]
     attributor = Attributor((), body_user=False, salt=b"s" * 32)
 
-    listener = socket.create_server(("127.0.0.1", 0))
-    conn = socket.create_connection(listener.getsockname())
-    peer, _ = listener.accept()
-    peer.sendall(b"x" * 1000)
-    conn.recv(1000)
+    conn = _transport_socket()
     start = tcpinfo.read(conn)
     record = RequestRecord(
         trace_id="0" * 31 + "1", api="chat_completions", operation="chat", model="bench-model",
@@ -96,19 +116,40 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     }
 
 
+def _run_one(src: Path, number: int, best: int) -> dict[str, float]:
+    return {name: min(timeit.repeat(fn, number=number, repeat=best)) / number * 1e6 for name, fn in steps(src).items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[2])
+    ap.add_argument(
+        "--src", type=Path, action="append", help="a tree holding proxy/ (repeat for A/B; default: this one)"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="A/B: runs of each tree, interleaved; the best is kept")
     ap.add_argument("--number", type=int, default=20000)
     ap.add_argument("--best", type=int, default=5)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one tree, one run (a child)
     args = ap.parse_args()
-    total = 0.0
-    for name, fn in steps(args.src.resolve()).items():
-        us = min(timeit.repeat(fn, number=args.number, repeat=args.best)) / args.number * 1e6
-        if "OpenAI" not in name:
-            total += us
-        print(f"{name:32s} {us:6.2f} us")
-    print(f"{'sum (without OpenAI limits)':32s} {total:6.2f} us")
+    srcs = [p.resolve() for p in (args.src or [Path(__file__).resolve().parents[2]])]
+    if args.json:
+        print(json.dumps(_run_one(srcs[0], args.number, args.best)))
+        return
+    best: dict[Path, dict[str, float]] = {}
+    for _ in range(args.rounds):
+        for src in srcs:  # a fresh process per tree: both import `proxy`
+            argv = [sys.executable, __file__, "--json", "--src", str(src), "--number", str(args.number)]
+            got = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+            mine = best.setdefault(src, got)
+            for name, us in got.items():
+                mine[name] = min(mine[name], us)
+    names = list(best[srcs[0]])
+    print(f"{'us per request (best)':32s}" + "".join(f"{str(src)[-18:]:>20s}" for src in srcs))
+    for name in names:
+        print(f"{name:32s}" + "".join(f"{best[src].get(name, float('nan')):20.2f}" for src in srcs))
+    print(
+        f"{'sum (without OpenAI limits)':32s}"
+        + "".join(f"{sum(v for k, v in best[src].items() if 'OpenAI' not in k):20.2f}" for src in srcs)
+    )
 
 
 if __name__ == "__main__":
