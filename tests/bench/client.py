@@ -22,7 +22,9 @@ HOLD_MODEL = "bench-hold"
 SATURATE_MODEL = "bench-saturate"  # the bench upstream paces it at 1 ms per token
 
 
-def request_bytes(host: str, port: int, path: str, model: str, n_tokens: int) -> bytes:
+def request_bytes(host: str, port: int, path: str, model: str, n_tokens: int, traceparent: str = "") -> bytes:
+    """One streaming chat request; with `traceparent`, that header too (the upstream then keys its
+    first-token write by the trace id)."""
     body = orjson.dumps(
         {
             "model": model,
@@ -35,8 +37,15 @@ def request_bytes(host: str, port: int, path: str, model: str, n_tokens: int) ->
     return (
         b"POST %s HTTP/1.1\r\nHost: %s:%d\r\ncontent-type: application/json\r\n"
         b"authorization: Bearer sk-bench-7f3a9c2e4b1d8f6a0e5c3b7d9a1f2e4c\r\naccept: text/event-stream\r\n"
-        b"user-agent: taotrace-bench\r\ncontent-length: %d\r\n\r\n%s"
-        % (path.encode(), host.encode(), port, len(body), body)
+        b"user-agent: taotrace-bench\r\n%scontent-length: %d\r\n\r\n%s"
+        % (
+            path.encode(),
+            host.encode(),
+            port,
+            b"traceparent: %s\r\n" % traceparent.encode() if traceparent else b"",
+            len(body),
+            body,
+        )
     )
 
 

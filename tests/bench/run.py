@@ -396,8 +396,20 @@ class Bench:
         if record and arm.metrics_port and arm.ui_unread + conc > UI_RING:
             await self.read_first_tokens(arm)  # before this batch pushes unread rows out of the ring
         arm.ui_unread += conc
+        # direct: the client's own first-token arrival against the upstream's write, the floor of
+        # that measurement on this host (the client sends the traceparent a proxy would)
+        floor = record and arm.name == "direct"
+        trace_ids = [os.urandom(16).hex() for _ in conns] if floor else []
+        raws = (
+            [
+                request_bytes("127.0.0.1", arm.port, "/v1/chat/completions", model, tokens, f"00-{t}-{'1' * 16}-01")
+                for t in trace_ids
+            ]
+            if floor
+            else [raw] * len(conns)
+        )
         cpu0 = arm.cpu()
-        futs = [c.send(raw) for c in conns]
+        futs = [c.send(r) for c, r in zip(conns, raws, strict=True)]
         timeout = 30 + 20 * (self.plan.ttft_ms + tokens * self.plan.interval_ms) / 1e3
         done, pending = await asyncio.wait(futs, timeout=timeout)
         results: list[StreamStats] = []
@@ -407,6 +419,9 @@ class Bench:
             else:
                 results.append(StreamStats(False, False, -1, -1, [], 0, "timeout"))
         arm.pool.release(conns)
+        for tid, f, s in zip(trace_ids, futs, results, strict=False):
+            if s.ok:
+                arm.first_tokens[tid] = (f.result().t_send + s.ttft) / 1e9  # perf_counter_ns: CLOCK_MONOTONIC
         if record:
             cell = self.cell(arm.name, conc, tokens)
             events = 0
@@ -426,7 +441,7 @@ class Bench:
             cell.events += events
             cell.batches.append([conc, events, 0])
             arm.pending = (cell, len(cell.batches) - 1, cpu0)
-            if arm.metrics_port:  # this batch's token-0 writes (the upstream is on the load's core)
+            if arm.metrics_port or floor:  # this batch's token-0 writes (the upstream is on the load's core)
                 cell.upstream_first.append(await self.upstream_first_tokens())
         await asyncio.sleep(0.005)
         return results
@@ -959,8 +974,9 @@ def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
     if lagged:
         print()
         print(
-            "first token: the proxy's stamp minus the upstream's write of token 0 (ms; CLOCK_MONOTONIC, by trace id):"
+            "first token: the proxy's stamp minus the upstream's write of token 0 (ms; CLOCK_MONOTONIC, by trace id);"
         )
+        print("  direct: the client's own arrival stamp instead, on the upstream's core (this host's floor):")
         for e in lagged:
             g = e["first_token_lag"]
             print(
