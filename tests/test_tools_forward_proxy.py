@@ -11,6 +11,7 @@ import asyncio
 import io
 import ipaddress
 import json
+import logging
 import re
 import socket
 import ssl
@@ -226,6 +227,48 @@ async def test_doctor_tells_a_proxy_that_is_down_apart_from_the_target(tls_sim: 
     assert "upstream.test" not in failed.detail  # the target was never tried: not its fault
 
 
+async def test_doctor_tells_tls_through_the_tunnel_apart(tls_sim: int, forward: ForwardProxyServer) -> None:
+    """The tunnel opens; the target's certificate is from a CA this machine does not trust (as
+    when a forward proxy intercepts TLS): the fix names SSL_CERT_FILE."""
+    untrusting = ssl.create_default_context()
+    checks, _ = await _doctor(f"https://upstream.test:{tls_sim}/v1", {"HTTPS_PROXY": forward.url()}, untrusting)
+    failed = _network_failed(checks)
+    assert failed.detail == f"TLS with upstream.test:{tls_sim} through the tunnel failed (CERTIFICATE_VERIFY_FAILED)"
+    assert failed.fix is not None and "SSL_CERT_FILE" in failed.fix
+
+
+async def _not_a_forward_proxy(answer: bytes) -> asyncio.Server:
+    """A listener that answers any request with `answer` and closes (a SOCKS port, a dying proxy)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"\x05\xff", "it closed the connection during CONNECT"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "it answered CONNECT with something not HTTP (a SOCKS port?)"),
+    ],
+)
+async def test_doctor_tells_a_listener_that_is_no_forward_proxy(answer: bytes, why: str, trust: ssl.SSLContext) -> None:
+    server = await _not_a_forward_proxy(answer)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        checks, _ = await _doctor("https://upstream.test/v1", {"HTTPS_PROXY": f"http://127.0.0.1:{port}"}, trust)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert _network_failed(checks).detail == (
+        f"cannot connect to the forward proxy http://127.0.0.1:{port} (from HTTPS_PROXY): {why}"
+    )
+
+
 async def test_doctor_names_a_bad_proxy_variable_without_its_credentials(tls_sim: int, trust: ssl.SSLContext) -> None:
     checks, text = await _doctor(
         f"https://upstream.test:{tls_sim}/v1", {"HTTPS_PROXY": f"socks5://u:{QUOTED}@127.0.0.1:1080"}, trust
@@ -396,6 +439,7 @@ async def test_the_proxy_s_credentials_never_appear_in_any_output(
 ) -> None:  # fmt: skip
     from proxy.tools import doctor as doctor_cmd
 
+    caplog.set_level(logging.DEBUG)  # every log line of the tools and of demo's proxy, too
     base = f"https://upstream.test:{tls_sim}/v1"
     seen = []
     for accepted in (("me", PASSWORD), ("me", "other")):  # through, then refused (407)
@@ -411,6 +455,21 @@ async def test_the_proxy_s_credentials_never_appear_in_any_output(
             await server.close()
     codes = [code for code, _ in seen]
     assert codes == [0, 0, 0, 0, 1, 1, 1, 1]  # the same runs pass through, then fail at the proxy
+    server = await ForwardProxyServer(hosts={"upstream.test": "127.0.0.1"}, credentials=("me", PASSWORD)).start()
+    try:  # demo --real: the proxy it starts reaches the (TLS) upstream through the tunnel
+        monkeypatch.setenv("HTTPS_PROXY", server.url("me", QUOTED))
+        out = io.StringIO()
+        demo_settings = DemoSettings(
+            once=True, port=0, metrics_port=0, max_tokens=4, base_tokens=100, cache_tokens=200,
+            real=True, upstream=f"https://upstream.test:{tls_sim}", api_key=KEY,
+        )  # fmt: skip
+        code, _ = await demo(demo_settings, out)
+    finally:
+        await server.close()
+    assert (
+        code == 0 and f"through the forward proxy http://127.0.0.1:{server.port} (from HTTPS_PROXY)" in out.getvalue()
+    )
+    seen.append((code, out.getvalue()))
     everything = "".join(text for _, text in seen) + capsys.readouterr().err + caplog.text
     assert "wants credentials (407 Proxy Authentication Required) and refused the ones given" in everything
     for secret in ("CANARY", QUOTED, PASSWORD, "me:", "me%", "bWU6"):  # bWU6: base64 of "me:"
