@@ -358,16 +358,15 @@ async def serve_group(settings: Settings) -> None:
     """`taotrace serve --workers N`: run the group until SIGTERM or SIGINT, then drain it."""
     shutdown = Shutdown().install()
     async with supervising(settings) as group:
+        workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
         log.info(
-            "taotrace proxy on %s (%d workers, pids %s) -> %s; metrics on %s/metrics",
-            group.proxy_url, settings.workers, " ".join(map(str, group.pids())), settings.upstream, group.metrics_url,
+            "taotrace proxy on %s (%s, pids %s; spans, /metrics and the live view in pid %d) -> %s; metrics on %s/metrics",
+            group.proxy_url, workers, " ".join(map(str, group.pids())), os.getpid(), settings.upstream, group.metrics_url,
         )  # fmt: skip
+        if settings.ui:
+            log.info("live view on %s/", group.metrics_url)
         await shutdown.wait()
-        log.info(
-            "draining %d workers: up to %gs; a second Ctrl-C or SIGTERM cuts them now",
-            settings.workers,
-            settings.drain_seconds,
-        )
+        log.info("draining %s: up to %gs; a second Ctrl-C or SIGTERM cuts them now", workers, settings.drain_seconds)
         asyncio.get_running_loop().create_task(_cut_on(shutdown.now, group))
 
 
