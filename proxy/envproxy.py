@@ -14,7 +14,9 @@ a `ForwardProxy` (or None) out; `proxy/upstream.py` does the connecting.
   matches itself; a CIDR block (`10.0.0.0/8`, `fd00::/8`) the addresses in it. `name:port`
   matches only that port. Matching is case-insensitive.
 - `localhost` and loopback addresses (127.0.0.0/8, ::1) are always reached directly, as Go's
-  net/http does: a proxy elsewhere cannot reach this machine's loopback.
+  net/http does: a proxy elsewhere cannot reach this machine's loopback. So are the unspecified
+  addresses (0.0.0.0, ::): to connect to one is to reach this machine (the URL of a server bound
+  to all interfaces, as `taotrace demo --host 0.0.0.0` gives its simulator).
 
 Credentials in the proxy URL are sent as `Proxy-Authorization: Basic ...` and never shown:
 `ForwardProxy.shown` and every message use the URL without them.
@@ -117,10 +119,12 @@ def _entry_matches(
 
 
 def bypassed(host: str, port: int, no_proxy: str) -> bool:
-    """Whether `host:port` is reached directly under this `NO_PROXY` value (loopback always is)."""
+    """Whether `host:port` is reached directly under this `NO_PROXY` value (this machine always is)."""
     host = host.lower().strip("[]").rstrip(".")
     address = _ip(host)
-    if host == "localhost" or host.endswith(".localhost") or (address is not None and address.is_loopback):
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    if address is not None and (address.is_loopback or address.is_unspecified):
         return True
     entries = [e for e in _SPLIT.split(no_proxy.strip()) if e]
     if "*" in entries:

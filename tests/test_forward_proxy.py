@@ -87,6 +87,8 @@ def test_which_variable_applies(upstream: str, environ: dict[str, str], expected
         ("127.9.9.9", 80, "", True),
         ("::1", 80, "", True),
         ("localhost", 80, "", True),
+        ("0.0.0.0", 8788, "", True),  # unspecified: this machine (a server bound to all interfaces)
+        ("::", 8788, "", True),
         ("api.example.com", 443, ",, ,", False),
         ("api.example.com", 443, "*.example.com", False),  # no wildcards inside names (curl, urllib)
     ],

@@ -421,6 +421,20 @@ async def test_demo_real_goes_through_the_forward_proxy(
     )
 
 
+async def test_demo_on_all_interfaces_reaches_its_simulator_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--host 0.0.0.0` gives the simulator the URL http://0.0.0.0:port: this machine, never
+    sent to a forward proxy (which could not reach it: here, none listens)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{_closed_port()}")
+    settings = DemoSettings(
+        once=True, host="0.0.0.0", port=0, metrics_port=0, time_scale=0.25, max_tokens=4, base_tokens=100,
+        cache_tokens=200,
+    )  # fmt: skip
+    code, results = await demo(settings, io.StringIO())
+    assert code == 0 and len(results) == 8 and all(r.client.ok for r in results)
+
+
 async def test_demo_real_refuses_a_bad_proxy_variable_in_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
