@@ -7,20 +7,21 @@
 Everything runs on loopback. The bench upstream (`upstream.py`), the OTLP sink and this client
 share core 0; the proxy under test gets core 1 to itself (`taskset`), except the two-worker arms
 (`taotrace-w2`: `--workers 2`; `nginx-w2`: `worker_processes 2`), which get both cores and so
-share core 0 with the load. `taotrace-tp` (`--telemetry-process`: one serving worker, spans built
-and exported by the supervisor) is one process group on core 1, like `taotrace`: the same core,
-the telemetry off the serving process's GIL. After the sweep, each arm's throughput at saturation: 16-token
-streams, 256 started together, batch after batch (`--saturation-seconds`). Arms are interleaved batch
-by batch (A B C D E, B C D E A, ...), after a discarded warm-up. A batch is C streams started
-together on pre-opened keep-alive connections; TTFT runs from the moment a request is written
-to the arrival of the first token event. Proxy CPU comes from /proc/<pid>/task/*/schedstat
+share core 0 with the load. `taotrace-tp` (`--telemetry-process`: one serving worker, spans
+built and exported by the supervisor) is one process group on core 1, like `taotrace`: the same
+core, the telemetry off the serving process's GIL. After the sweep, each arm's throughput at
+saturation: 16-token streams, 256 started together, batch after batch (`--saturation-seconds`).
+Arms are interleaved batch by batch (A B C D E, B C D E A, ...), after a discarded warm-up. A
+batch is C streams started together on pre-opened keep-alive connections; TTFT runs from the
+moment a request is written to the arrival of the first token event. Proxy CPU comes from /proc/<pid>/task/*/schedstat
 (nanoseconds), memory from VmRSS, both summed over the proxy's process tree.
 
 First token against the upstream's own write: for the taotrace arms, the bench upstream keeps
 the instant it wrote each stream's token 0 (keyed by the trace id in the `traceparent` taotrace
 sends it) and the proxy's live view gives its own first-token instant per trace id
 (`first_token_monotonic` of `/api/requests`, read between batches before the ring forgets it);
-both are CLOCK_MONOTONIC, so the difference is how late the proxy stamped (and relayed) the token.
+both are CLOCK_MONOTONIC, so the difference is how late the proxy stamped the token. For
+`direct` the client sends the traceparent and its own arrival stamp stands in: the floor.
 
 Results: a table on stdout, JSON in tests/bench/results/ (latest.json and a dated copy), and
 every child's log beside it.
