@@ -86,6 +86,27 @@ def metrics_for(settings: Settings, registry: CollectorRegistry | None) -> Metri
     )
 
 
+def telemetry_for(settings: Settings, provider: trace.TracerProvider, *, ship: bool = False) -> Telemetry:
+    """The spans these settings ask for: started and finished in one process, started only
+    (`ship`: a worker), or, in a group's supervisor, finished from what workers ship (`replay`)."""
+    upstream = upstream_url(settings.upstream)
+    slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
+    return Telemetry(
+        provider,
+        upstream_host=upstream.host or "",
+        upstream_port=upstream.port or 0,
+        upstream_base=str(upstream).rstrip("/"),
+        capture_content=settings.capture_content,
+        sampling=OutcomeSampling(
+            ratio=settings.sample_ratio,
+            keep_errors=settings.keep_errors,
+            ttft_over=slow_ttft,
+            duration_over=slow_duration,
+        ),
+        ship=ship,
+    )
+
+
 @asynccontextmanager
 async def running(
     settings: Settings,
@@ -116,21 +137,7 @@ async def running(
     provider = build_tracer_provider(export=not ship_spans) if tracer_provider is None else tracer_provider
     registry = CollectorRegistry() if registry is None else registry
     upstream = upstream_url(settings.upstream)
-    slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
-    telemetry = Telemetry(
-        provider,
-        upstream_host=upstream.host or "",
-        upstream_port=upstream.port or 0,
-        upstream_base=str(upstream).rstrip("/"),
-        capture_content=settings.capture_content,
-        sampling=OutcomeSampling(
-            ratio=settings.sample_ratio,
-            keep_errors=settings.keep_errors,
-            ttft_over=slow_ttft,
-            duration_over=slow_duration,
-        ),
-        ship=ship_spans,
-    )
+    telemetry = telemetry_for(settings, provider, ship=ship_spans)
     accounting = accounting_from(settings)
     metrics = metrics_for(settings, registry)
     sink: Recorder = metrics if recorder is None else recorder

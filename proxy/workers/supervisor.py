@@ -53,7 +53,7 @@ from pydantic import SecretStr
 from proxy.app import create_metrics_app
 from proxy.lifecycle import Shutdown
 from proxy.protocol import GuardedAppRunner
-from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, metrics_for
+from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, metrics_for, telemetry_for
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry import sdk_internals
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
@@ -276,14 +276,7 @@ async def supervising(
     provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
     meters = build_meter_provider(env) if meter_provider is None else meter_provider
     upstream = upstream_url(settings.upstream)
-    # Only finish() and replay() run here; the workers start the spans (and decide their sampling).
-    telemetry = Telemetry(
-        provider,
-        upstream_host=upstream.host or "",
-        upstream_port=upstream.port or 0,
-        upstream_base=str(upstream).rstrip("/"),
-        capture_content=settings.capture_content,
-    )
+    telemetry = telemetry_for(settings, provider)  # replay() only: the workers start spans and sample
     base = getattr(telemetry.tracer, "resource", None)
     workers = []
     for i in range(settings.workers):
