@@ -178,9 +178,8 @@ class PhaseClock:
 
     def finish(self, t_end: float, output_tokens: int | None = None, streaming: bool = True) -> RequestTiming:
         """Freeze the phases. `output_tokens` is the reported count when there is one."""
-        t0, sent, headers, first_byte = self.t0, self.t_sent, self.t_headers, self.t_first_byte
+        t0 = self.t0
         first, last = (self.t_first, self.t_last) if streaming else (None, None)
-        first_chunk = self.t_first_chunk if streaming else None
         tpot = None
         n = output_tokens if output_tokens is not None else self.tokens
         if first is not None and last is not None and n >= 2 and last > first:
@@ -189,26 +188,26 @@ class PhaseClock:
             start=t0,
             end=t_end,
             duration=t_end - t0,
-            network=None if sent is None else sent - t0,
-            time_to_headers=None if headers is None else headers - t0,
-            ttfb=None if first_byte is None else first_byte - t0,
+            network=None if self.t_sent is None else self.t_sent - t0,
+            time_to_headers=None if self.t_headers is None else self.t_headers - t0,
+            ttfb=None if self.t_first_byte is None else self.t_first_byte - t0,
             ttft=None if first is None else first - t0,
-            prefill_wait=None if first is None or sent is None else first - sent,
+            prefill_wait=None if first is None or self.t_sent is None else first - self.t_sent,
             decode=None if first is None or last is None else last - first,
             tpot=tpot,
-            itl=tuple(self._gaps.tolist()) if streaming else (),
+            itl=tuple(self._gaps) if streaming else (),
             token_events=self.tokens,
-            sent=sent,
+            sent=self.t_sent,
             first_token=first,
             last_token=last,
             connection_reused=self.reused,
             pool_wait=self.pool_wait,
             dns=self.dns,
             connect=self.connect,
-            ttfc=None if first_chunk is None else first_chunk - t0,
-            chunk_gaps=tuple(self._chunk_gaps.tolist()) if streaming else (),
-            overhead_request=None if sent is None else self.t_sent_overhead(),
-            relay=tuple(self.relay.tolist()),
+            ttfc=None if self.t_first_chunk is None or not streaming else self.t_first_chunk - t0,
+            chunk_gaps=tuple(self._chunk_gaps) if streaming else (),
+            overhead_request=None if self.t_sent is None else self.t_sent_overhead(),
+            relay=tuple(self.relay),
         )
 
     def t_sent_overhead(self) -> float:

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import aiohttp
 import pytest
 
-from proxy.accounting.ratelimits import RateLimit, parse_reset, read_rate_limits
+from proxy.accounting.ratelimits import RateLimit, RateLimits, parse_reset, read_rate_limits
 from tests.conftest import ProxyFactory
 from tests.fakes import chat_stream, json_handler, stream_handler
 
@@ -163,8 +163,13 @@ async def test_a_response_without_a_model_sets_no_gauge(
 
 
 def test_header_names_match_in_any_case_and_values_never_do() -> None:
-    # The quick check before the per-header loop looks at names only, case-insensitively.
-    got = read_rate_limits([("Server", "x"), ("X-RateLimit-Remaining-Requests", "7")], NOW)
-    assert got is not None and got.limits == (RateLimit(kind="requests", remaining=7),)
+    # Headers are skipped by their name's first letter before anything else: in any case, the
+    # names read here still are, and a value never is.
+    got = read_rate_limits(
+        [("Server", "x"), ("X-RateLimit-Remaining-Requests", "7"), ("Anthropic-RateLimit-Tokens-Limit", "9")], NOW
+    )
+    assert got is not None
+    assert got.limits == (RateLimit(kind="requests", remaining=7), RateLimit(kind="tokens", limit=9))
+    assert read_rate_limits([("RETRY-AFTER-MS", "1500")], NOW) == RateLimits(retry_after=1.5, observed_at=NOW)
     assert read_rate_limits([("x-note", "x-ratelimit-remaining-requests: 7, retry-after: 1")], NOW) is None
     assert read_rate_limits((), NOW) is None

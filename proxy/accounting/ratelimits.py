@@ -12,7 +12,7 @@ does not parse is left out, never guessed.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -23,6 +23,7 @@ KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
 _OPENAI = "x-ratelimit-"
 _ANTHROPIC = "anthropic-ratelimit-"
 _FIELDS = ("limit", "remaining", "reset")
+_FIRST = frozenset("xXaArR")  # the first letter of every header read here
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
 _GO_FULL = re.compile(r"(?:\d+(?:\.\d+)?(?:h|ms|us|µs|ns|m|s))+")
 _UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -98,18 +99,15 @@ def parse_reset(value: str, now: float) -> float | None:
     return _seconds(max(0.0, when.timestamp() - now))
 
 
-def read_rate_limits(headers: Collection[tuple[str, str]], now: float) -> RateLimits | None:
+def read_rate_limits(headers: Iterable[tuple[str, str]], now: float) -> RateLimits | None:
     """The rate-limit headers among `headers`, or None when there are none. `now`: the epoch time
     the headers arrived."""
-    # Most upstreams send none: one C-level search of the names (~0.3 µs) spares the per-header
-    # loop below (~1 µs for six headers).
-    names = "\n".join([key for key, _ in headers]).lower()
-    if "ratelimit-" not in names and "retry-after" not in names:
-        return None
     found: dict[str, dict[str, str]] = {}
     retry_after: float | None = None
     retry_after_ms: float | None = None
     for key, value in headers:
+        if key[:1] not in _FIRST:  # most headers: skipped without lowering their name (6: 1.3 -> 0.5 µs)
+            continue
         name = key.lower()
         if name.startswith(_OPENAI):
             field, _, kind = name[len(_OPENAI) :].partition("-")

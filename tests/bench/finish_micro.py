@@ -5,8 +5,9 @@
 
 Each step runs on the input a 16-token chat stream through the bench upstream gives it (a
 Bearer key, the upstream's six response headers, 16 token events, 19 reads, TCP_INFO through
-uvloop's transport socket as the proxy reads it); best of `--best`
-runs of `--number` calls. Steps that exist only in a newer tree are skipped in an older one.
+uvloop's transport socket as the proxy reads it), plus `metrics.record` of a 256-token stream;
+best of `--best` runs of `--number` calls, and with several trees the best of `--rounds`
+interleaved runs of each (a fresh process per run).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import timeit
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +58,16 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     from proxy.timing import PhaseClock, RequestRecord
     from proxy.ui import LiveView
 
-    def clock() -> PhaseClock:
+    def clock(tokens: int = 16) -> PhaseClock:
         phase = PhaseClock(1.0)
         phase.sent(1.0005)
         phase.headers(1.001)
         phase.body_bytes(1.002)
-        for k in range(19):
-            phase.relay.append(4e-6)
+        for k in range(tokens + 3):  # role chunk, tokens, usage chunk, [DONE]
+            phase.relay.append(4e-6 + (k % 5) * 1e-6)
             phase.chunk(1.02 + k * 0.001)
-            if 0 < k < 17:
-                phase.token(1.02 + k * 0.001)
+            if 0 < k <= tokens:
+                phase.token(1.02 + k * 0.001 + (k % 7) * 1e-4)
         return phase
 
     done = clock()
@@ -104,7 +106,9 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
         tcp=tcpinfo.request_stats(start, tcpinfo.read(conn), tcpinfo.read(conn)),
     )  # fmt: skip
     metrics = Metrics(CollectorRegistry())
+    metrics.in_flight.labels("chat_completions")
     live = LiveView(1000)
+    long = replace(record, timing=clock(256).finish(1.3, 256, streaming=True))
     return {
         "timing.finish": lambda: done.finish(1.04, 16, streaming=True),
         "attribution (key id)": lambda: attributor(client, None),
@@ -112,6 +116,8 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
         "rate limits (OpenAI's two)": lambda: read_rate_limits(limited, 1e9),
         "tcpinfo.read + request_stats": lambda: tcpinfo.request_stats(start, tcpinfo.read(conn), tcpinfo.read(conn)),
         "metrics.record": lambda: metrics.record(record),
+        "in-flight gauge labels()": lambda: metrics.in_flight.labels("chat_completions"),
+        "metrics.record, 256 tokens": lambda: metrics.record(long),
         "live view observe": lambda: live.observe(record),
     }
 
@@ -147,8 +153,10 @@ def main() -> None:
     for name in names:
         print(f"{name:32s}" + "".join(f"{best[src].get(name, float('nan')):20.2f}" for src in srcs))
     print(
-        f"{'sum (without OpenAI limits)':32s}"
-        + "".join(f"{sum(v for k, v in best[src].items() if 'OpenAI' not in k):20.2f}" for src in srcs)
+        f"{'sum (16-token stream, no limits)':32s}"
+        + "".join(
+            f"{sum(v for k, v in best[src].items() if 'OpenAI' not in k and '256' not in k):20.2f}" for src in srcs
+        )
     )
 
 
