@@ -41,12 +41,15 @@ CONTRACT = {
     "taotrace_tokens": "counter",
     "taotrace_in_flight_requests": "gauge",
 }
-# Series without an `api` label (a rate limit is the upstream's, per model): no $api filter.
-NO_API_LABEL = {
-    "taotrace_ratelimit_remaining",
-    "taotrace_ratelimit_limit",
-    "taotrace_ratelimit_reset_timestamp_seconds",
+AM = ("api", "model")
+CONTRACT_LABELS = {
+    "taotrace_requests": (*AM, "status_code", "error_type"),
+    "taotrace_phase_duration_seconds": (*AM, "phase"),
+    "taotrace_tokens": (*AM, "type"),
+    "taotrace_in_flight_requests": ("api",),
 }
+# Labels every query may match on whatever the family: Prometheus' target labels, histogram buckets.
+ANY_LABEL = frozenset({"job", "instance", "le"})
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 LATENCY_HISTOGRAMS = [name for name, kind in CONTRACT.items() if kind == "histogram"]
 
@@ -66,20 +69,44 @@ def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
 
 
-def exported_sample_names() -> set[str]:
-    """Sample names the proxy exposes: from its real registry, checked against the contract."""
-    names = {family + suffix for family, kind in CONTRACT.items() for suffix in SUFFIXES[kind]}
+def exported_series() -> dict[str, frozenset[str]]:
+    """Sample names the proxy exposes and each one's label names: from its real registry, checked
+    against the contract."""
+    series = {
+        family + suffix: frozenset(CONTRACT_LABELS.get(family, AM))
+        for family, kind in CONTRACT.items()
+        for suffix in SUFFIXES[kind]
+    }
     try:
         from prometheus_client import CollectorRegistry
 
         from proxy.telemetry.metrics import Metrics
     except ImportError:
-        return names
+        return series
     registry = CollectorRegistry()
-    Metrics(registry)
+    metrics = Metrics(registry)
     real = {(m.name, m.type) for m in registry.collect()}
     assert set(CONTRACT.items()) <= real, f"proxy.telemetry.metrics lacks part of the contract: {sorted(real)}"
-    return names | {f + suffix for f, kind in real for suffix in SUFFIXES.get(kind, ("",))}
+    kinds = dict(real)
+    for family in metrics.registry.families:
+        name = family.name.removesuffix("_total")  # prometheus_client's family name of a counter
+        for suffix in SUFFIXES.get(kinds[name], ("",)):
+            series[name + suffix] = frozenset(family.labelnames)
+    return series
+
+
+def exported_sample_names() -> set[str]:
+    return set(exported_series())
+
+
+SELECTOR = re.compile(r"\b(taotrace_[a-z_]+)\{([^}]*)\}")
+MATCHER = re.compile(r"([a-zA-Z_]\w*)\s*(?:=~|!~|!=|=)")
+
+
+def matched_labels(expr: str) -> list[tuple[str, set[str]]]:
+    """(raw series, label names its selector matches on) for each `taotrace_...{...}` in an expression."""
+    no_strings = re.sub(r'"[^"]*"', '""', expr)
+    return [(name, set(MATCHER.findall(body))) for name, body in SELECTOR.findall(no_strings)]
 
 
 def recording_rules() -> dict[str, str]:
@@ -165,13 +192,16 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
 
 
 def test_rules_use_only_exported_or_recorded_series() -> None:
-    exported = exported_sample_names()
+    series = exported_series()
+    exported = set(series)
     recorded = recording_rules()
     exprs = list(recorded.values()) + [rule["expr"] for rule in alert_rules().values()]
     for expr in exprs:
         rec, raw = metric_names(expr)
         assert rec <= set(recorded), f"unknown recorded series {rec - set(recorded)} in {expr}"
         assert raw <= exported, f"not exported by the proxy: {raw - exported} in {expr}"
+        for name, labels in matched_labels(expr):
+            assert labels <= series[name] | ANY_LABEL, f"{name} has no label {labels - series[name]}: {expr}"
 
 
 def test_alerts_carry_severity_summary_and_description() -> None:
@@ -280,7 +310,8 @@ def test_dashboard_structure(path: Path) -> None:
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_dashboard_queries_use_only_real_series_and_rate_interval(path: Path) -> None:
     dashboard = json.loads(path.read_text())
-    exported = exported_sample_names()
+    series = exported_series()
+    exported = set(series)
     recorded = set(recording_rules())
     uids = set(datasources())
     targets = dashboard_targets(dashboard)
@@ -298,10 +329,14 @@ def test_dashboard_queries_use_only_real_series_and_rate_interval(path: Path) ->
             assert window in ("$__rate_interval", "$__range"), f"{panel['title']}: fixed window [{window}]"
         if re.search(r"\b(rate|increase)\(", expr) and "$__range" not in expr:
             assert "$__rate_interval" in expr, panel["title"]
-        if raw and "taotrace_in_flight_requests" not in expr:
-            assert 'model=~"$model"' in expr, f"{panel['title']} ignores $model"
-            if not raw <= NO_API_LABEL:
-                assert 'api=~"$api"' in expr, f"{panel['title']} ignores $api"
+        # Filter by each variable the series can be filtered by, and only by labels they have: a
+        # `model=~"$model"` on a series without a model label empties the panel once a model is picked.
+        for name, labels in matched_labels(expr):
+            assert labels <= series[name] | ANY_LABEL, f"{panel['title']}: {name} has no label {labels - series[name]}"
+        labelled = set().union(*(series[name] for name in raw))
+        for var in ("api", "model"):
+            if var in labelled:
+                assert f'{var}=~"${var}"' in expr, f"{panel['title']} ignores ${var}"
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
