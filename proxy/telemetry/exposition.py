@@ -124,8 +124,8 @@ class _Family(Generic[C]):
     def labels(self, *values: object, **named: object) -> C:
         """The child for these label values (created on first use, then reused)."""
         if not named:
-            # The hot path (the forwarder's in-flight gauge, once a request): values given as the
-            # strings they are found the child without building a key (~0.1 vs ~0.6 µs).
+            # The hot path (the forwarder's in-flight gauge, once a request): values passed as
+            # strings find their child without a key being built (~0.1 vs ~0.6 µs).
             found = self.children.get(values)  # type: ignore[arg-type]
             if found is not None:
                 return found
