@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -221,6 +222,24 @@ def test_observe_many_counts_every_value_even_a_nan() -> None:
     (family,) = [fast.collect()]
     counts = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
     assert counts["+Inf"] == len(values)
+
+
+def test_the_overhead_carries_the_trace_to_follow() -> None:
+    # The dashboard's overhead panels link a slow request stage (or the slowest relay) to its trace.
+    metrics = Metrics(CollectorRegistry())
+    rec = record_for("chat_completions", "m", 200, random.Random(5))
+    relay = (0.00002, 0.0031, 0.00004)
+    rec = dataclasses.replace(rec, timing=dataclasses.replace(rec.timing, overhead_request=0.0007, relay=relay))
+    metrics.record(rec)
+    page = metrics.registry.render(openmetrics=True).decode()
+    lines = [
+        line for line in page.splitlines() if line.startswith("taotrace_proxy_overhead_seconds_bucket") and "#" in line
+    ]
+    request = [line for line in lines if 'stage="request"' in line]
+    relayed = [line for line in lines if 'stage="relay"' in line]
+    assert len(request) == len(relayed) == 1
+    assert f'# {{trace_id="{rec.trace_id}"}} 0.0007 ' in request[0] and 'le="0.001"' in request[0]
+    assert f'# {{trace_id="{rec.trace_id}"}} 0.0031 ' in relayed[0] and 'le="0.005"' in relayed[0]
 
 
 def test_the_itl_exemplar_is_the_slowest_gap() -> None:

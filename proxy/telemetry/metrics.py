@@ -314,8 +314,8 @@ class Metrics:
                 self.overhead.labels(rec.api, "relay"),
             )
         if t.overhead_request is not None:
-            found[0].observe(t.overhead_request)
-        found[1].observe_many(t.relay)
+            found[0].observe(t.overhead_request, exemplar)
+        found[1].observe_many(t.relay, exemplar)  # the exemplar on the slowest relay
         tcp = rec.tcp
         if tcp is not None:
             rtt = tcp.round_trip
