@@ -121,14 +121,15 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxied]]
 
 
 @pytest.fixture
-def proxy_workers(request: pytest.FixtureRequest) -> int:
-    """1: the proxy in this process. A module runs its tests in both modes with
+def proxy_workers(request: pytest.FixtureRequest) -> int | str:
+    """1: the proxy in this process; N: a group of N workers; "tp": one worker and its supervisor
+    (`--telemetry-process`). A module runs its tests in several modes with
     `pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)`; a test that
-    reads what only the proxy's own process has (its log records, in-memory spans) is marked
-    `@pytest.mark.one_process` and skipped with workers."""
-    workers = int(getattr(request, "param", 1))
-    if workers > 1 and request.node.get_closest_marker("one_process"):
-        pytest.skip("reads the proxy process's own logs or spans; workers have theirs")
+    reads what only the proxy's own process has (its log records) is marked
+    `@pytest.mark.one_process` and skipped in a group."""
+    workers: int | str = getattr(request, "param", 1)
+    if workers != 1 and request.node.get_closest_marker("one_process"):
+        pytest.skip("reads the proxy process's own logs; workers have theirs")
     return workers
 
 
@@ -138,7 +139,7 @@ def start_proxy(
     tracer_provider: TracerProvider,
     registry: CollectorRegistry,
     exporter: InMemorySpanExporter,
-    proxy_workers: int,
+    proxy_workers: int | str,
 ) -> ProxyFactory:
     """`async with start_proxy(**settings) as p:` — the real proxy on port 0 (or a group of
     `proxy_workers` worker processes and their supervisor)."""
@@ -149,10 +150,11 @@ def start_proxy(
         settings = Settings(
             **{
                 "upstream": upstream.url, "port": 0, "metrics_port": 0, "drain_seconds": 1.0,
-                "workers": proxy_workers, **overrides,
+                "workers": 1 if proxy_workers == "tp" else proxy_workers,
+                "telemetry_process": proxy_workers == "tp", **overrides,
             }
         )  # fmt: skip
-        if settings.workers > 1:
+        if settings.workers > 1 or settings.telemetry_process:
             from proxy.workers.supervisor import supervising
 
             async with supervising(

@@ -11,6 +11,8 @@ import pytest
 from tests.conftest import Proxied
 from tests.fakes import chat_stream, named, sse, stream_handler
 
+pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # one process, and --workers 2
+
 KEY = "sk-test-not-a-real-key"
 
 
@@ -152,8 +154,11 @@ async def test_openai_chat_stream(proxy: Proxied, oai: openai.AsyncOpenAI) -> No
     assert text == "".join(f"tok{i} " for i in range(6))
     assert usage is not None and usage.completion_tokens == 6
     assert proxy.upstream.seen[-1].headers["Authorization"] == f"Bearer {KEY}"
-    rec = proxy.records[-1]
+    rec = (await proxy.settled(1))[-1]
     assert (rec.api, rec.model, rec.timing.token_events, rec.error_type) == ("chat_completions", "gpt-4o-mini", 6, "")
+    root = (await proxy.settled_spans("chat gpt-4o-mini"))[-1]  # built in the supervisor with workers
+    assert root.attributes["gen_ai.usage.output_tokens"] == 6 and root.attributes["taotrace.ttft"] > 0
+    assert format(root.context.trace_id, "032x") == rec.trace_id
 
 
 async def test_openai_legacy_completions_stream(proxy: Proxied, oai: openai.AsyncOpenAI) -> None:
@@ -171,7 +176,8 @@ async def test_openai_legacy_completions_stream(proxy: Proxied, oai: openai.Asyn
     stream = await oai.completions.create(model="gpt-3.5-turbo-instruct", prompt="x", stream=True)
     text = "".join([c.choices[0].text async for c in stream])
     assert text == "abc"
-    assert proxy.records[-1].api == "completions" and proxy.records[-1].timing.token_events == 3
+    rec = (await proxy.settled(1))[-1]
+    assert rec.api == "completions" and rec.timing.token_events == 3
 
 
 async def test_openai_responses_stream(proxy: Proxied, oai: openai.AsyncOpenAI) -> None:
@@ -186,7 +192,7 @@ async def test_openai_responses_stream(proxy: Proxied, oai: openai.AsyncOpenAI) 
             final = event.response
     assert "".join(deltas) == "Hello from the proxy"
     assert final is not None and final.usage is not None and final.usage.output_tokens == 4
-    rec = proxy.records[-1]
+    rec = (await proxy.settled(1))[-1]
     assert (rec.api, rec.timing.token_events, rec.usage.input_tokens, rec.response_id) == ("responses", 4, 9, "resp_1")
 
 
@@ -202,7 +208,7 @@ async def test_anthropic_messages_stream(proxy: Proxied) -> None:
     assert final.usage.output_tokens == 3
     seen = proxy.upstream.seen[-1].headers  # SDK versions differ: x-api-key or a bearer token
     assert KEY in (seen.get("x-api-key"), seen.get("Authorization", "").removeprefix("Bearer "))
-    rec = proxy.records[-1]
+    rec = (await proxy.settled(1))[-1]
     assert (rec.api, rec.timing.token_events, rec.usage.input_tokens, rec.usage.cached_input_tokens) == (
         "messages",
         3,
