@@ -290,6 +290,27 @@ async def test_a_client_that_leaves_frees_its_slot(sim: SimRunning, session: aio
     assert stats["requests"][-1]["status"] == "aborted"
 
 
+async def test_a_client_that_leaves_mid_stream_is_no_server_error(
+    sim: SimRunning, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next write after the client closed fails ("Cannot write to closing transport"): that is
+    the client leaving, not an error of ours; aiohttp would log it with a traceback."""
+    body = {**CHAT, "max_tokens": 500}
+
+    async def leave(i: int) -> None:
+        async with aiohttp.ClientSession() as s, s.post(sim.base_url + "/chat/completions", json=body) as response:
+            for _ in range(1 + i % 7):
+                await response.content.readline()
+            assert response.connection is not None and response.connection.transport is not None
+            response.connection.transport.close()
+
+    for _ in range(4):
+        await asyncio.gather(*(leave(i) for i in range(60)))
+    await asyncio.sleep(0.3)  # the next tokens are written into the closed connections
+    errors = [r for r in caplog.records if r.name == "aiohttp.server" and r.levelname == "ERROR"]
+    assert not errors, caplog.text  # "Error handling request" with the traceback, before the fix
+
+
 # --- failures ------------------------------------------------------------------------------
 
 

@@ -312,6 +312,25 @@ async def _stream(
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={**_SSE_HEADERS, **limits, "x-request-id": writer.meta.id})
     await response.prepare(request)
+    try:
+        await _stream_body(request, response, sim, req, writer, handle, output, prompt_tokens)
+    except ConnectionError:
+        # The client closed between two tokens and the next write found the connection closing
+        # (before aiohttp cancelled this handler): the client left, nothing failed here.
+        pass
+    return response
+
+
+async def _stream_body(
+    request: web.Request,
+    response: web.StreamResponse,
+    sim: Simulator,
+    req: SimRequest,
+    writer: Writer,
+    handle: Handle,
+    output: Output,
+    prompt_tokens: int,
+) -> None:
     if await handle.next() != ADMITTED:  # pragma: no cover - the engine always admits first
         raise RuntimeError("engine protocol")
     await response.write(writer.start(_usage(prompt_tokens, handle, output, 0)))
@@ -328,13 +347,12 @@ async def _stream(
             handle.cancel()
             if req.failure == "cut":
                 _cut(request)
-                return response
+                return
             await response.write(writer.error(injected("midstream")))
             await response.write_eof()
-            return response
+            return
     await response.write(writer.end(_usage(prompt_tokens, handle, output, done)))
     await response.write_eof()
-    return response
 
 
 def _cut(request: web.Request) -> None:
