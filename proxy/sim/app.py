@@ -312,47 +312,34 @@ async def _stream(
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={**_SSE_HEADERS, **limits, "x-request-id": writer.meta.id})
     await response.prepare(request)
+    if await handle.next() != ADMITTED:  # pragma: no cover - the engine always admits first
+        raise RuntimeError("engine protocol")
     try:
-        await _stream_body(request, response, sim, req, writer, handle, output, prompt_tokens)
+        await response.write(writer.start(_usage(prompt_tokens, handle, output, 0)))
+        if req.failure == "stall":
+            await asyncio.sleep(sim.settings.stall_seconds)
+        fail_at = _fail_at(req, output)
+        done = 0
+        async for produced in _tokens(handle, output.total):
+            chunk = b"".join(writer.token(i) for i in range(done, produced))
+            done = produced
+            if chunk:
+                await response.write(chunk)
+            if fail_at is not None and done >= fail_at:
+                handle.cancel()
+                if req.failure == "cut":
+                    _cut(request)
+                    return response
+                await response.write(writer.error(injected("midstream")))
+                await response.write_eof()
+                return response
+        await response.write(writer.end(_usage(prompt_tokens, handle, output, done)))
+        await response.write_eof()
     except ConnectionError:
         # The client closed between two tokens and the next write found the connection closing
         # (before aiohttp cancelled this handler): the client left, nothing failed here.
         pass
     return response
-
-
-async def _stream_body(
-    request: web.Request,
-    response: web.StreamResponse,
-    sim: Simulator,
-    req: SimRequest,
-    writer: Writer,
-    handle: Handle,
-    output: Output,
-    prompt_tokens: int,
-) -> None:
-    if await handle.next() != ADMITTED:  # pragma: no cover - the engine always admits first
-        raise RuntimeError("engine protocol")
-    await response.write(writer.start(_usage(prompt_tokens, handle, output, 0)))
-    if req.failure == "stall":
-        await asyncio.sleep(sim.settings.stall_seconds)
-    fail_at = _fail_at(req, output)
-    done = 0
-    async for produced in _tokens(handle, output.total):
-        chunk = b"".join(writer.token(i) for i in range(done, produced))
-        done = produced
-        if chunk:
-            await response.write(chunk)
-        if fail_at is not None and done >= fail_at:
-            handle.cancel()
-            if req.failure == "cut":
-                _cut(request)
-                return
-            await response.write(writer.error(injected("midstream")))
-            await response.write_eof()
-            return
-    await response.write(writer.end(_usage(prompt_tokens, handle, output, done)))
-    await response.write_eof()
 
 
 def _cut(request: web.Request) -> None:
