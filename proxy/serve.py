@@ -127,14 +127,14 @@ async def running(
     `recorder`: a worker of `--workers N` (proxy/workers/): finished requests go to it instead
     of local metrics, no metrics port is opened (the supervisor has it) and the proxy port is
     bound with SO_REUSEPORT, shared with the other workers; its OTLP metrics are the supervisor's.
-    `ship_spans` (a worker only): spans are started here but finished and exported by the
-    supervisor, from each record's `span` (`Telemetry.replay`); no exporter runs here.
+    A worker exports no spans: with `ship_spans` it starts them here and the supervisor finishes
+    and exports them from each record's `span` (`Telemetry.replay`); without, the group exports none.
     """
     worker = recorder is not None
     own_provider = tracer_provider is None
     own_meters = meter_provider is None and not worker
     meters = build_meter_provider() if own_meters else meter_provider
-    provider = build_tracer_provider(export=not ship_spans) if tracer_provider is None else tracer_provider
+    provider = build_tracer_provider(export=not worker) if tracer_provider is None else tracer_provider
     registry = CollectorRegistry() if registry is None else registry
     upstream = upstream_url(settings.upstream)
     telemetry = telemetry_for(settings, provider, ship=ship_spans)

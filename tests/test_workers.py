@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.settings import Settings, usable_cores
-from proxy.workers.supervisor import Group, supervising, worker_env
+from proxy.workers.supervisor import Group, instance_id, supervising
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
@@ -219,11 +220,19 @@ async def test_a_worker_that_sends_what_cannot_be_read_is_restarted(
     assert "cannot read; restarting it" in caplog.text
 
 
-def test_worker_env_keeps_a_given_instance_id_apart_per_worker() -> None:
-    env = worker_env(1, {"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,service.instance.id=pod-a"})
-    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "deployment.environment=prod,service.instance.id=pod-a-1"
-    generated = {worker_env(i, {})["OTEL_RESOURCE_ATTRIBUTES"] for i in range(2)}
-    assert len(generated) == 2 and all(g.startswith("service.instance.id=") for g in generated)
+async def test_each_worker_keeps_a_given_instance_id_apart(
+    slow_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resource a worker's spans leave under: the group's attributes, its own instance id."""
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.instance.id=pod-a")
+    async with supervising(settings(slow_upstream), env=os.environ) as group:
+        resources = [dict(w.resource.attributes) for w in group.workers if w.resource is not None]
+    assert [(r["deployment.environment"], r["service.instance.id"]) for r in resources] == [
+        ("prod", "pod-a-0"),
+        ("prod", "pod-a-1"),
+    ]
+    generated = {instance_id(i, {}) for i in range(2)}
+    assert len(generated) == 2 and all(str(uuid.UUID(g)) == g for g in generated)
 
 
 def test_workers_setting() -> None:

@@ -63,7 +63,7 @@ from proxy.timing import RequestRecord
 from proxy.ui import LiveView
 from proxy.workers.channel import encode, receive
 
-__all__ = ["Group", "serve_group", "supervising"]
+__all__ = ["Group", "instance_id", "serve_group", "supervising"]
 
 log = logging.getLogger("taotrace")
 KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker that will not exit is killed
@@ -98,22 +98,12 @@ def instance_id(index: int, base: Mapping[str, str]) -> str:
     return f"{given.strip()}-{index}" if given else str(uuid.uuid4())
 
 
-def worker_env(index: int, base: Mapping[str, str], instance: str | None = None) -> dict[str, str]:
-    """The worker's environment: its own `service.instance.id` in the OpenTelemetry resource
-    (what the worker's own logs and any exporter of its own would carry)."""
-    attrs = [a for a in base.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if a.strip()]
-    attrs = [a for a in attrs if a.split("=", 1)[0].strip() != "service.instance.id"]
-    instance = instance_id(index, base) if instance is None else instance
-    return {**base, "OTEL_RESOURCE_ATTRIBUTES": ",".join([*attrs, f"service.instance.id={instance}"])}
-
-
 @dataclass
 class _Worker:
     """One slot of the group and the process in it now."""
 
     index: int
-    instance: str = ""  # its service.instance.id, kept across restarts of the slot
-    resource: Resource | None = None  # the spans' resource: the group's, with that id
+    resource: Resource | None = None  # its spans' resource: the group's, with its own service.instance.id
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False
     in_flight: dict[str, float] = field(default_factory=dict)
@@ -219,7 +209,7 @@ class _Supervisor:
                 worker.proc = await asyncio.create_subprocess_exec(
                     *self.command, str(child.fileno()),
                     pass_fds=(child.fileno(),), start_new_session=True, stdin=asyncio.subprocess.DEVNULL,
-                    env=worker_env(worker.index, self.env, worker.instance),
+                    env=dict(self.env),  # uvloop wants a dict, not os.environ
                 )  # fmt: skip
             finally:
                 child.close()
@@ -280,9 +270,8 @@ async def supervising(
     base = getattr(telemetry.tracer, "resource", None)
     workers = []
     for i in range(settings.workers):
-        instance = instance_id(i, env)
-        resource = base.merge(Resource({"service.instance.id": instance})) if isinstance(base, Resource) else None
-        workers.append(_Worker(i, instance, resource))
+        instance = Resource({"service.instance.id": instance_id(i, env)})
+        workers.append(_Worker(i, base.merge(instance) if isinstance(base, Resource) else None))
     host_part = f"[{host}]" if ":" in host else host
     group = Group(f"http://{host_part}:{port}", "", metrics, workers)
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
