@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,7 @@ from proxy.tcpinfo import TcpStats
 from proxy.timing import PhaseClock, RequestRecord
 from proxy.ui.render import detail, row
 from proxy.ui.ring import Entry, Query, Ring, compact_gaps, parse_query, select
-from proxy.ui.summary import Window
+from proxy.ui.summary import BUCKET_WIDTH, EXACT_SAMPLES, MAX_MODELS, Window
 
 
 def record(
@@ -201,3 +203,52 @@ def test_rows_and_details_carry_the_records_numbers() -> None:
         is None
     )  # a dropped trace is not in the viewer
     assert "chunk_gaps" not in d["record"]["timing"] and d["record"]["timing"]["ttfc"] == pytest.approx(0.1)
+
+
+def test_few_samples_give_exact_percentiles() -> None:
+    window = Window()
+    one = record(ttft=0.386, model="gpt-4o")
+    window.add(one, now=1000.0)  # one request: its own TTFT, not its bucket's middle (404.4 ms)
+    ttft = window.snapshot(now=1001.0)["models"]["gpt-4o"]["ttft"]
+    assert ttft == dict.fromkeys(("p50", "p95", "p99"), one.timing.ttft)
+    three = [record(ttft=v, model="three") for v in (0.3, 0.1, 0.2)]
+    for rec in three:
+        window.add(rec, now=1000.0)
+    low, mid, high = sorted(r.timing.ttft for r in three if r.timing.ttft is not None)
+    assert window.snapshot(now=1001.0)["models"]["three"]["ttft"] == {"p50": mid, "p95": high, "p99": high}
+    # Across buckets too (the 15-minute figures merge them).
+    later = record(ttft=0.25, model="three")
+    window.add(later, now=1040.0)
+    snap = window.snapshot(now=1041.0)
+    assert snap["models"]["three"]["ttft"]["p50"] == mid  # nearest rank of 4: the 2nd
+    assert snap["series"]["three"]["ttft"]["p50"] == [mid, later.timing.ttft]
+
+
+def test_many_samples_stay_within_the_exact_min_and_max() -> None:
+    window = Window()
+    same = record(ttft=0.386, model="m")
+    for _ in range(EXACT_SAMPLES + 10):
+        window.add(same, now=1000.0)  # all equal: the bucket's middle alone would say 404.4 ms
+    ttft = window.snapshot(now=1001.0)["models"]["m"]["ttft"]
+    assert ttft == dict.fromkeys(("p50", "p95", "p99"), same.timing.ttft)
+
+
+def _doc_files() -> list[Path]:
+    root = Path(__file__).resolve().parent.parent
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "proxy/ui/static/index.html"]
+
+
+def test_the_docs_and_the_page_state_the_histograms_the_code_uses() -> None:
+    width = f"{BUCKET_WIDTH * 100:g} % wide"
+    within = f"±{BUCKET_WIDTH * 50:g} %"
+    exact = f"at most {EXACT_SAMPLES} values"
+    models = f"at most {MAX_MODELS} models"
+    found = []
+    for path in _doc_files():
+        text = " ".join(path.read_text().split())  # one line: sentences wrap anywhere
+        for match in re.finditer(r"log histograms [^.]*?% wide.*?models per", text):
+            said = match.group(0)
+            found.append(path.name)
+            for want in (width, within, exact, models):
+                assert want in said, (path.name, want, said)
+    assert "index.html" in found and len(found) >= 2, found  # the page and the user docs

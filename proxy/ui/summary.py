@@ -2,20 +2,24 @@
 
 Each bucket counts requests, errors by `error_type`, the time spent in each phase, and per
 model a log-scale histogram of TTFT and of TPOT (buckets 10 % wide, so a percentile read from
-one is within ±5 % of the exact value). Memory is bounded by buckets × models, and models per
-bucket are capped (`other` beyond), since anyone can invent model names.
+one is within ±5 % of the exact value). While a histogram holds at most `EXACT_SAMPLES` values
+it also keeps them, and its percentiles are exact (one request's TTFT is shown as measured, not
+as its bucket's middle); beyond that, a percentile is clamped to the exact minimum and maximum.
+Memory is bounded by buckets × models, and models per bucket are capped (`other` beyond), since
+anyone can invent model names.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.timing import RequestRecord
 
-__all__ = ["PHASES", "QUANTILES", "Window"]
+__all__ = ["BUCKET_WIDTH", "EXACT_SAMPLES", "MAX_MODELS", "PHASES", "QUANTILES", "Window"]
 
 BUCKET_S = 30.0
 WINDOW_S = 900.0
@@ -23,7 +27,9 @@ MAX_MODELS = 10
 QUANTILES = (0.5, 0.95, 0.99)
 _KEYS = tuple(f"p{round(q * 100)}" for q in QUANTILES)  # "p50", "p95", "p99"
 PHASES = ("network", "prefill_wait", "decode", "tail", "response")  # response: a non-streaming answer
-_GROWTH = 1.10
+BUCKET_WIDTH = 0.10  # each histogram bucket is 10 % wider than the one before
+EXACT_SAMPLES = 32  # up to this many values per histogram are also kept as they are
+_GROWTH = 1.0 + BUCKET_WIDTH
 _PER_LOG = 1.0 / math.log(_GROWTH)
 
 
@@ -31,34 +37,70 @@ def _index(value: float) -> int:
     return math.floor(math.log(value) * _PER_LOG)
 
 
-def _quantiles(hist: dict[int, int]) -> list[float | None]:
-    """p50, p95, p99 of a log histogram: the geometric middle of the bucket each falls in."""
-    total = sum(hist.values())
-    if not total:
-        return [None] * len(QUANTILES)
-    out: list[float | None] = []
-    keys = sorted(hist)
-    for q in QUANTILES:
-        rank = q * total
-        seen = 0
-        for k in keys:
-            seen += hist[k]
-            if seen >= rank:
-                out.append(_GROWTH ** (k + 0.5))
-                break
-    return out
+class _Hist:
+    """A log histogram, its exact minimum and maximum, and its values while they are few."""
 
+    __slots__ = ("counts", "hi", "lo", "values")
 
-def _merge(into: dict[int, int], other: dict[int, int]) -> None:
-    for k, n in other.items():
-        into[k] = into.get(k, 0) + n
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.values: array[float] | None = array("d")  # None once more than EXACT_SAMPLES came
+        self.lo = math.inf
+        self.hi = -math.inf
+
+    def add(self, value: float) -> None:
+        i = _index(value)
+        self.counts[i] = self.counts.get(i, 0) + 1
+        self.lo = min(self.lo, value)
+        self.hi = max(self.hi, value)
+        values = self.values
+        if values is not None:
+            if len(values) < EXACT_SAMPLES:
+                values.append(value)
+            else:
+                self.values = None
+
+    def merge(self, other: _Hist) -> None:
+        for k, n in other.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + n
+        self.lo = min(self.lo, other.lo)
+        self.hi = max(self.hi, other.hi)
+        if (
+            self.values is not None
+            and other.values is not None
+            and len(self.values) + len(other.values) <= EXACT_SAMPLES
+        ):
+            self.values.extend(other.values)
+        else:
+            self.values = None
+
+    def quantiles(self) -> list[float | None]:
+        """p50, p95, p99: nearest rank over the values when all are kept; else the geometric
+        middle of the bucket each falls in, clamped to the exact minimum and maximum."""
+        if self.values is not None:
+            ordered = sorted(self.values)
+            n = len(ordered)
+            return [ordered[max(0, math.ceil(q * n) - 1)] if n else None for q in QUANTILES]
+        counts = self.counts
+        total = sum(counts.values())
+        out: list[float | None] = []
+        keys = sorted(counts)
+        for q in QUANTILES:
+            rank = q * total
+            seen = 0
+            for k in keys:
+                seen += counts[k]
+                if seen >= rank:
+                    out.append(min(self.hi, max(self.lo, _GROWTH ** (k + 0.5))))
+                    break
+        return out
 
 
 @dataclass(slots=True)
 class _Model:
     requests: int = 0
-    ttft: dict[int, int] = field(default_factory=dict)
-    tpot: dict[int, int] = field(default_factory=dict)
+    ttft: _Hist = field(default_factory=_Hist)
+    tpot: _Hist = field(default_factory=_Hist)
 
 
 @dataclass(slots=True)
@@ -112,16 +154,14 @@ class Window:
                 model = b.models[name] = _Model()
         model.requests += 1
         if t.ttft is not None and t.ttft > 0:
-            i = _index(t.ttft)
-            model.ttft[i] = model.ttft.get(i, 0) + 1
+            model.ttft.add(t.ttft)
         if t.tpot is not None and t.tpot > 0:
-            i = _index(t.tpot)
-            model.tpot[i] = model.tpot.get(i, 0) + 1
+            model.tpot.add(t.tpot)
 
     @staticmethod
     def _points(b: _Bucket) -> dict[str, Any]:
         return {
-            name: {"ttft": _quantiles(m.ttft), "tpot": _quantiles(m.tpot), "requests": m.requests}
+            name: {"ttft": m.ttft.quantiles(), "tpot": m.tpot.quantiles(), "requests": m.requests}
             for name, m in b.models.items()
         }
 
@@ -172,8 +212,8 @@ class Window:
                 if total is None:
                     total = totals[name] = _Model()
                 total.requests += m.requests
-                _merge(total.ttft, m.ttft)
-                _merge(total.tpot, m.tpot)
+                total.ttft.merge(m.ttft)
+                total.tpot.merge(m.tpot)
             for kind, n in b.errors.items():
                 errors[kind] = errors.get(kind, 0) + n
             for j, s in enumerate(b.phases):
@@ -183,8 +223,8 @@ class Window:
         per_model = {
             name: {
                 "requests": m.requests,
-                "ttft": dict(zip(_KEYS, _quantiles(m.ttft), strict=True)),
-                "tpot": dict(zip(_KEYS, _quantiles(m.tpot), strict=True)),
+                "ttft": dict(zip(_KEYS, m.ttft.quantiles(), strict=True)),
+                "tpot": dict(zip(_KEYS, m.tpot.quantiles(), strict=True)),
             }
             for name, m in sorted(totals.items())
         }
