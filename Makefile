@@ -1,9 +1,9 @@
 # taotrace — the two commands a newcomer needs: `make demo` and `make test`.
 #
-# Each target installs only what it runs into .venv (pyproject.toml's extras): `demo`, `serve`,
-# `sim` and `bench` the runtime, `test` the runtime + [test,stack], `lint` those + [lint], `venv`
+# Each target installs only what it runs into .venv (pyproject.toml's extras): `demo`, `probe`,
+# `doctor`, `serve`, `sim` and `bench` the runtime, `test` the runtime + [test,stack], `lint` those + [lint], `venv`
 # everything ([dev]). Recipes are quiet (`@`, pip's chatter on stderr), so
-# `make demo ARGS="--once --json"` prints only JSON on stdout.
+# `make demo ARGS="--once --json"` prints only JSON on stdout. PYTHON (>= 3.10) makes the venv.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,27 +11,52 @@ ARGS   ?=
 # What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
 LINT_PATHS := proxy tests deploy
 
-.PHONY: venv system-deps test lint demo serve sim bench screenshots clean
+.PHONY: venv system-deps test lint demo probe doctor serve sim bench screenshots clean FORCE
 
-$(PY):
-	@$(PYTHON) -m venv $(VENV)
+# What a Python says of itself: "3.12.1 pip /usr/bin/python3.12" (version, pip or nopip, path).
+ABOUT := -c 'import importlib.util, sys; v = sys.version_info; print("%d.%d.%d" % v[:3], "pip" if importlib.util.find_spec("pip") else "nopip", sys.executable)'
+# The versions taotrace runs on (pyproject.toml's requires-python >= 3.10), as a shell `case` pattern.
+NEW_ENOUGH := 3.1[0-9].*|3.[2-9][0-9].*|[4-9].*
+# "ok" when $(VENV) has a Python that is new enough and has pip. Otherwise (missing, broken by a
+# Python upgrade, made by a too-old Python, or left half-made by a failed `venv`) it is made
+# afresh and every install below redone: FORCE makes them all out of date.
+VENV_OK := $(shell found="$$($(PY) $(ABOUT) 2>/dev/null)"; case "$$found" in (*" nopip "*) ;; ($(NEW_ENOUGH)) echo ok;; esac)
+STALE := $(if $(VENV_OK),,FORCE)
+GOAL := $(or $(firstword $(MAKECMDGOALS)),venv)
 
-# One stamp per set of extras; each reinstalls when pyproject.toml changes.
-$(VENV)/.installed-runtime: pyproject.toml | $(PY)
-	@$(PY) -m pip install -q -e . >&2
+# Check $(PYTHON) first: one line saying what was found and what is needed, not pip's errors.
+$(PY): $(STALE)
+	@set -- $$($(PYTHON) $(ABOUT) 2>/dev/null); case "$$1" in $(NEW_ENOUGH)) echo "creating $(VENV) with Python $$1 ($$3)" >&2;; "") echo "make: no Python found as PYTHON=$(PYTHON); taotrace needs Python >= 3.10: install one, then make $(GOAL) PYTHON=python3.12 (for example)" >&2; exit 1;; *) echo "make: PYTHON=$(PYTHON) is Python $$1 ($$3); taotrace needs Python >= 3.10: install one, then make $(GOAL) PYTHON=python3.12 (for example)" >&2; exit 1;; esac
+	@if [ -e $(VENV) ] && [ ! -e $(VENV)/pyvenv.cfg ]; then echo "make: $(VENV) exists and is not a virtualenv: move it away, or set VENV=" >&2; exit 1; fi
+	@if [ -e $(VENV) ]; then echo "recreating $(VENV): its Python is missing, broken, older than 3.10 or without pip" >&2; rm -rf $(VENV); fi
+	@$(PYTHON) -m venv $(VENV) >&2 || { rm -rf $(VENV); echo "make: $(PYTHON) -m venv failed (on Debian/Ubuntu: apt install python3-venv)"; exit 1; } >&2
+
+# One stamp per set of extras; each reinstalls when pyproject.toml changes. A stamp is written
+# only after its install succeeded: a failed one is tried again on the next run.
+INSTALLING := echo "installing dependencies into $(VENV) (first run only)..." >&2
+FAILED := { echo "make: installing into $(VENV) failed (pip's message above); run make again to retry"; exit 1; }
+
+$(VENV)/.installed-runtime: pyproject.toml $(STALE) | $(PY)
+	@$(INSTALLING)
+	@$(PY) -m pip install -q -e . >&2 || $(FAILED) >&2
 	@touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(PY)
-	@$(PY) -m pip install -q -e '.[test,stack]' >&2
+$(VENV)/.installed-test: pyproject.toml $(STALE) | $(PY)
+	@$(INSTALLING)
+	@$(PY) -m pip install -q -e '.[test,stack]' >&2 || $(FAILED) >&2
 	@touch $@
 
-$(VENV)/.installed-lint: pyproject.toml | $(PY)
-	@$(PY) -m pip install -q -e '.[test,stack,lint]' >&2
+$(VENV)/.installed-lint: pyproject.toml $(STALE) | $(PY)
+	@$(INSTALLING)
+	@$(PY) -m pip install -q -e '.[test,stack,lint]' >&2 || $(FAILED) >&2
 	@touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
-	@$(PY) -m pip install -q -e '.[dev]' >&2
+$(VENV)/.installed-dev: pyproject.toml $(STALE) | $(PY)
+	@$(INSTALLING)
+	@$(PY) -m pip install -q -e '.[dev]' >&2 || $(FAILED) >&2
 	@touch $@
+
+FORCE:
 
 venv: $(VENV)/.installed-dev
 
@@ -69,6 +94,13 @@ demo: $(VENV)/.installed-runtime
 
 serve: $(VENV)/.installed-runtime
 	@$(VENV)/bin/taotrace serve $(ARGS)
+
+# The client tools, from the venv (no need to put it on PATH): make probe ARGS="--base-url ..."
+probe: $(VENV)/.installed-runtime
+	@$(VENV)/bin/taotrace probe $(ARGS)
+
+doctor: $(VENV)/.installed-runtime
+	@$(VENV)/bin/taotrace doctor $(ARGS)
 
 sim: $(VENV)/.installed-runtime
 	@$(VENV)/bin/taotrace sim $(ARGS)
