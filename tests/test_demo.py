@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from proxy.sim import SimSettings, running
+from proxy.tools.command import taotrace_command
 from proxy.tools.demo import DemoSettings, demo
 from proxy.tools.experiments import COLUMNS
 
@@ -131,23 +136,32 @@ async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
     assert "taotrace_time_to_first_token_seconds" in seen["metrics"][1]
 
 
-async def test_real_mode_needs_a_key_and_sends_it_upstream() -> None:
-    code, _ = await demo(DemoSettings(**QUICK, real=True, api_key=None), io.StringIO())
-    assert code == 2
+async def test_real_mode_sends_the_key_upstream_and_goes_on_without_one(capsys: pytest.CaptureFixture[str]) -> None:
+    quick = {**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4}
     async with running(SimSettings(port=0, time_scale=0.5, require_key=True, api_keys=["k-real"])) as upstream:
-        settings = DemoSettings(
-            **{**QUICK, "base_tokens": 100, "cache_tokens": 200, "max_tokens": 4},
-            real=True,
-            upstream=upstream.url,
-            api_key="k-real",
-        )
+        settings = DemoSettings(**quick, real=True, upstream=upstream.url, api_key="k-real")
         out = io.StringIO()
         code, results = await demo(settings, out)
         assert code == 0 and all(r.client.ok and r.record is not None for r in results)
-        assert "k-real" not in out.getvalue()
+        assert "k-real" not in out.getvalue() + capsys.readouterr().err
         bad = settings.model_copy(update={"api_key": SecretStr("wrong")})
         code, results = await demo(bad, io.StringIO())
         assert code == 1 and results[0].client.status == 401
+        capsys.readouterr()
+        # No key for an upstream that wants one: told as doctor tells it, the variable named.
+        code, results = await demo(settings.model_copy(update={"api_key": None}), io.StringIO())
+        err = capsys.readouterr().err
+        assert code == 1 and len(results) == 1 and results[0].client.status == 401
+        assert err.splitlines() == [
+            "demo: no key set (looked in --api-key, $TAOTRACE_API_KEY, $TAOTOKEN_API_KEY); going on without one",
+            "demo: the upstream wants a key (it answered 401) and none is set: "
+            "export TAOTOKEN_API_KEY=<your key>  (or pass --api-key)",
+        ]
+    # A local upstream without auth (vLLM, Ollama): the demo runs, as doctor passes it.
+    async with running(SimSettings(port=0, time_scale=0.5)) as keyless:
+        settings = DemoSettings(**quick, real=True, upstream=keyless.url, api_key=None)
+        code, results = await demo(settings, io.StringIO())
+    assert code == 0 and results and all(r.client.ok for r in results)
 
 
 async def test_demo_speaks_the_other_dialects() -> None:
@@ -159,3 +173,70 @@ async def test_demo_speaks_the_other_dialects() -> None:
         code, _ = await demo(settings, out)
         doc = json.loads(out.getvalue())
         assert code == 0 and all(r["proxy_ttft_s"] is not None for e in doc["experiments"] for r in e["runs"])
+
+
+# --- the hint's command runs as printed ------------------------------------------------------
+
+
+def _script(path: Path, python: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{python}\nimport sys\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_the_command_is_named_as_it_runs_here(tmp_path: Path) -> None:
+    venv_bin = tmp_path / "project" / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    python = venv_bin / "python"
+    python.symlink_to(sys.executable)
+    _script(venv_bin / "taotrace", python)
+    project, elsewhere = tmp_path / "project", tmp_path
+    # `make demo`: the venv is not on PATH
+    assert taotrace_command(str(python), "/usr/bin:/bin", project) == ".venv/bin/taotrace"
+    assert taotrace_command(str(python), "/usr/bin:/bin", elsewhere / "x") == str(venv_bin / "taotrace")
+    # activated, or installed with pipx (a link on PATH) or pip --user (a script naming this python)
+    assert taotrace_command(str(python), f"/usr/bin:{venv_bin}", elsewhere) == "taotrace"
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "taotrace").symlink_to(venv_bin / "taotrace")
+    assert taotrace_command(str(python), str(tmp_path / "links"), elsewhere) == "taotrace"
+    _script(tmp_path / "user" / "taotrace", python)
+    assert taotrace_command(str(python), str(tmp_path / "user"), elsewhere) == "taotrace"
+    # another installation's taotrace on PATH (its python a link to the same interpreter) is not ours
+    other = tmp_path / "other" / "bin"
+    other.mkdir(parents=True)
+    (other / "python").symlink_to(sys.executable)
+    _script(other / "taotrace", other / "python")
+    assert taotrace_command(str(python), str(other), project) == ".venv/bin/taotrace"
+    # from a source tree, not installed: the running python with -m
+    (venv_bin / "taotrace").unlink()
+    assert taotrace_command(str(python), "/usr/bin:/bin", project) == ".venv/bin/python -m proxy"
+
+
+@pytest.mark.timeout(120)
+def test_the_demos_probe_hint_runs_as_printed(tmp_path: Path) -> None:
+    """The hint `make demo` prints works in the same shell, where the venv is not on PATH."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "demo", "--port", "0", "--metrics-port", "0", "--time-scale", "0.05",
+             "--max-tokens", "4", "--base-tokens", "100", "--cache-tokens", "200"],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 90
+            while "Ctrl-C to stop" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            hint = re.search(r"measure: +(.+ probe --base-url \S+)", log.read_text())
+            assert hint is not None, log.read_text()
+            assert not hint[1].startswith("taotrace ")  # not on this PATH
+            probe = subprocess.run(
+                [*shlex.split(hint[1]), "--max-tokens", "3", "--json"],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout)["output_tokens"] == 3

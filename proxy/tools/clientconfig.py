@@ -173,14 +173,14 @@ def load_target(settings: ClientSettings) -> Target:
     )
 
 
-def key_hint(target: Target) -> str:
-    """Where to put a key, in the user's own terms."""
-    return f"export {target.key_env or KEY_VARIABLES[1]}=<your key>  (or pass --api-key)"
+def key_hint(key_env: str | None = None) -> str:
+    """Where to put a key, in the user's own terms (`key_env`: the config file's `api_key_env`)."""
+    return f"export {key_env or KEY_VARIABLES[1]}=<your key>  (or pass --api-key)"
 
 
-def key_places(target: Target) -> str:
+def key_places(key_env: str | None = None) -> str:
     """Where a key was looked for."""
     places = ["--api-key", *(f"${name}" for name in KEY_VARIABLES)]
-    if target.key_env:
-        places.insert(0, f"${target.key_env} (api_key_env in --config)")
+    if key_env:
+        places.insert(0, f"${key_env} (api_key_env in --config)")
     return ", ".join(places)

@@ -3,7 +3,9 @@ process; a streaming client runs the article's three experiments through the pro
 per run, what the client saw next to the proxy's network / prefill_wait / decode split.
 
 `--once` exits after the table; otherwise the proxy and simulator keep running for your own
-tools. `--real` (with TAOTOKEN_API_KEY) runs the same experiments against the real upstream,
+tools. `--real` runs the same experiments against the real upstream (with TAOTOKEN_API_KEY; a
+local one such as vLLM or Ollama may need no key: as `doctor`, the demo goes on without one and
+names the variable to set when the upstream answers 401 or 403),
 reached as `serve` reaches it: through the forward proxy `HTTPS_PROXY` / `HTTP_PROXY` names unless
 `NO_PROXY` says direct (the client's own leg, to the proxy on loopback, is always direct).
 """
@@ -17,6 +19,7 @@ import secrets
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
+from pathlib import Path
 from typing import Literal, TextIO, TypeVar
 
 import aiohttp
@@ -32,6 +35,8 @@ from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.timing import RequestRecord
 from proxy.tools.client import Call, api_name, auth_headers, measure
+from proxy.tools.clientconfig import key_hint, key_places
+from proxy.tools.command import taotrace_command
 from proxy.tools.experiments import Run, RunResult, format_report, plan, plot_json, to_json
 
 __all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
@@ -47,7 +52,9 @@ class DemoSettings(BaseSettings):
 
     once: bool = Field(False, description="run the experiments, print the table, exit")
     json_output: bool = Field(False, description="print the results as JSON", json_schema_extra={"flag": "--json"})
-    real: bool = Field(False, description="run against the real upstream instead of the simulator (needs a key)")
+    real: bool = Field(
+        False, description="run against the real upstream instead of the simulator (with a key, unless it needs none)"
+    )
     upstream: str = Field(DEFAULT_UPSTREAM, description="the real upstream for --real")
     api_key: SecretStr | None = Field(
         None,
@@ -160,6 +167,14 @@ async def experiments(
     return results
 
 
+def _failure(failed: RunResult, key: str | None) -> str:
+    """Why the demo stopped; an upstream that wants a key when none is set is told as doctor tells it."""
+    status = failed.client.status
+    if status in (401, 403) and not key:
+        return f"the upstream wants a key (it answered {status}) and none is set: {key_hint()}"
+    return f"{failed.run.experiment} {failed.run.label} failed: {failed.client.error}"
+
+
 def _progress(label: str) -> None:
     print(f"\r\033[K  running {label} ...", end="", file=sys.stderr, flush=True)
 
@@ -172,14 +187,14 @@ def _sim_kv(sim: SimRunning) -> Callable[[str | None], int | None]:
     return lookup
 
 
-def _how_to(proxy_url: str, metrics_url: str, upstream: str, live: bool) -> str:
+def _how_to(proxy_url: str, metrics_url: str, upstream: str, live: bool, command: str) -> str:
     return (
         f"\nThe proxy keeps running: {proxy_url} -> {upstream}\n"
         + (f"  live view:      {metrics_url}/#demo   (requests, waterfalls, the plots)\n" if live else "")
         + f"  metrics:        {metrics_url}/metrics\n"
         f"  OpenAI tools:   OPENAI_BASE_URL={proxy_url}/v1 OPENAI_API_KEY=anything\n"
         f"  Anthropic SDK:  ANTHROPIC_BASE_URL={proxy_url}\n"
-        f"  measure:        taotrace probe --base-url {proxy_url}/v1 --prompt-repeat 40\n"
+        f"  measure:        {command} probe --base-url {proxy_url}/v1 --prompt-repeat 40\n"
         "Ctrl-C to stop.\n"
     )
 
@@ -208,16 +223,17 @@ async def demo(
     *,
     until: Callable[[], Awaitable[None]] | None = None,
     shutdown: Shutdown | None = None,
+    command: str = "taotrace",
 ) -> tuple[int, list[RunResult]]:
     """Start what is needed, run the experiments, print; then wait for `until` unless `--once`.
 
     `shutdown`: a first signal stops the experiments (exit 130) or, after the table, the demo;
-    a second cuts what the proxy and the simulator still serve.
+    a second cuts what the proxy and the simulator still serve. `command`: how the hints name
+    `taotrace` (`proxy.tools.command`).
     """
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-    if settings.real and not key:
-        print("demo: --real needs a key: export TAOTOKEN_API_KEY=<your key>", file=sys.stderr)
-        return 2, []
+    if settings.real and not key:  # as doctor: a local upstream (vLLM, Ollama) may need none
+        print(f"demo: no key set (looked in {key_places()}); going on without one", file=sys.stderr)
     via = ""
     if settings.real:
         try:  # the proxy's pool reads the same variables: a bad one is named here, not in a traceback
@@ -270,10 +286,10 @@ async def demo(
         if srv.live is not None:
             srv.live.publish_experiments(plot_json(results, format_report(results)))
         if failed is not None:
-            print(f"demo: {failed.run.experiment} {failed.run.label} failed: {failed.client.error}", file=sys.stderr)
+            print(f"demo: {_failure(failed, key)}", file=sys.stderr)
             return 1, results
         if not settings.once:
-            out.write(_how_to(srv.proxy_url, srv.metrics_url, upstream, srv.live is not None))
+            out.write(_how_to(srv.proxy_url, srv.metrics_url, upstream, srv.live is not None, command))
             out.flush()
             if until is not None:
                 await until()
@@ -286,7 +302,8 @@ def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
 
     async def main() -> tuple[int, list[RunResult]]:
         shutdown = Shutdown().install()
-        return await demo(settings, out, until=shutdown.wait, shutdown=shutdown)
+        command = taotrace_command(sys.executable, os.environ.get("PATH"), Path.cwd())
+        return await demo(settings, out, until=shutdown.wait, shutdown=shutdown, command=command)
 
     try:
         code, _ = run_loop(main())

@@ -109,7 +109,7 @@ _shown = shown_url
 async def check_key(state: _State) -> str:
     key = state.target.api_key
     if not key:  # not a failure yet: some endpoints (taotrace sim, a local vLLM) need none; auth tells
-        return f"none set (looked in {key_places(state.target)}); going on without one"
+        return f"none set (looked in {key_places(state.target.key_env)}); going on without one"
     if key != key.strip() or any(c in key for c in "\"' \t\r\n"):
         raise Failed(
             "the key contains whitespace or quotes (copied with them?)",
@@ -120,8 +120,8 @@ async def check_key(state: _State) -> str:
 
 def _no_key(state: _State, status: int) -> Failed:
     return Failed(
-        f"the endpoint wants a key (it answered {status}) and none is set: looked in {key_places(state.target)}",
-        key_hint(state.target),
+        f"the endpoint wants a key (it answered {status}) and none is set: looked in {key_places(state.target.key_env)}",
+        key_hint(state.target.key_env),
     )
 
 
