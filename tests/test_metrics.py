@@ -184,9 +184,9 @@ def test_observe_many_equals_histogram_observe(values: list[float], buckets: tup
 
 def test_error_types_are_the_documented_vocabulary() -> None:
     # ERROR_TYPES (the allowed `error_type` words, also the GenAI metrics' error.type set) is the
-    # README's table, and covers every word the proxy's errors and status mapping produce.
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme.split("### Error types", 1)[1].split("\n###", 1)[0]
+    # table in docs/errors.md, and covers every word the proxy's errors and status mapping produce.
+    page = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
+    table = page.split("\n## ", 1)[0]
     documented = [w for w in re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M) if w != "error_type"]
     assert sorted(documented) == sorted(ERROR_TYPES)
     produced = {cls.error_type for cls in _subclasses(ProxyError)}

@@ -817,7 +817,7 @@ def test_k8s_deployment_drains_and_probes() -> None:
 
 
 def test_k8s_image_is_one_kustomize_setting() -> None:
-    # The image the README says to build and push is named in one place: kustomization.yaml's
+    # The image docs/deploy.md says to build and push is named in one place: kustomization.yaml's
     # `images:` entry rewrites the Deployment's `image: taotrace`.
     kustomization = load_yaml(K8S / "kustomization.yaml")
     (entry,) = kustomization["images"]
@@ -825,8 +825,8 @@ def test_k8s_image_is_one_kustomize_setting() -> None:
     images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert images == {entry["name"]} == {"taotrace"}
     assert entry["newName"] and entry["newTag"]
-    readme = (ROOT / "README.md").read_text()
-    assert "docker build -f deploy/Dockerfile" in readme and "kustomize edit set image taotrace=" in readme
+    deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert "docker build -f deploy/Dockerfile" in deploy_doc and "kustomize edit set image taotrace=" in deploy_doc
 
 
 def test_k8s_validation_catches_a_broken_manifest() -> None:

@@ -42,7 +42,7 @@ BUCKETS_OVERHEAD = (
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
 
-# The whole `error_type` vocabulary; "" means success. Documented in the README.
+# The whole `error_type` vocabulary; "" means success. Documented in docs/errors.md.
 ERROR_TYPES = (
     "auth",  # upstream 401/403
     "bad_request",  # upstream 400/422 and other 4xx

@@ -1,7 +1,7 @@
 """The live view's state: fed each finished record by the Forwarder's observer hook.
 
 `observe` runs on the event loop once per request, at finish, after the client has its last
-byte: an append to the ring and a few counter updates (about 2 µs; see the README).
+byte: an append to the ring and a few counter updates (about 2 µs; see docs/live-view.md).
 """
 
 from __future__ import annotations
