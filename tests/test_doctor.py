@@ -121,6 +121,61 @@ async def test_network_names_a_malformed_base_url(sim: SimRunning, suffix: str, 
     assert failed.fix == f"use --base-url {sim.url}{fix}"
 
 
+async def test_a_base_url_without_v1_that_works_only_here_passes_with_a_warning() -> None:
+    """The simulator (and a proxy in front of it) takes /models and /v1/models; providers only the
+    second: the doctor passes the first with a warning naming the form that works elsewhere."""
+    async with running(SimSettings(port=0, time_scale=0.25)) as open_sim:
+        checks, text = await _doctor(base_url=open_sim.url, api_key=None)
+        network = checks[1]
+        assert [c.status for c in checks] == ["ok", "warn", "ok", "ok", "ok"], text
+        assert network.warning is not None and network.warning.startswith(
+            f"{open_sim.url}/models answers and so does {open_sim.url}/v1/models: this server takes either"
+        )
+        assert f"{open_sim.url}/v1/chat/completions for the chat call" in network.warning
+        assert network.fix == f"use --base-url {open_sim.url}/v1, the form that works elsewhere too"
+        assert f"\n                 warning: {network.warning}\n                 fix: " in text
+        assert text.endswith("all checks passed (1 warning)\n")
+        assert report(load_target(DoctorSettings(base_url=open_sim.url)), checks, True, io.StringIO()) == 0
+        checks, text = await _doctor(base_url=open_sim.base_url, api_key=None)  # with /v1: nothing to say
+        assert all(c.status == "ok" and c.warning is None for c in checks) and text.endswith("all checks passed\n")
+
+
+async def test_the_metrics_port_is_named_with_the_proxys(sim: SimRunning) -> None:
+    async with proxy_running(Settings(upstream=sim.url, port=0, metrics_port=0)) as srv:
+        for base_url in (srv.metrics_url, srv.metrics_url + "/v1"):
+            failed = _failed((await _doctor(base_url=base_url))[0])
+            assert failed.name == "network", failed
+            assert failed.detail == (
+                f"{srv.metrics_url} is taotrace's metrics port (/metrics, /healthz, the live view); "
+                "the proxy is on serve's --port"
+            )
+            assert failed.fix == "use --base-url http://127.0.0.1:8787/v1 (the proxy's --port: 8787 unless it was set)"
+    failed = _failed((await _doctor(base_url=sim.url))[0])  # a 404 elsewhere is still told as before
+    assert "taotrace's metrics port" not in failed.detail
+
+
+def test_a_bad_proxy_variable_is_exit_2_and_one_line_as_for_probe(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from proxy.tools import doctor, probe
+
+    monkeypatch.setenv("HTTPS_PROXY", "socks5://me:hush-0123@127.0.0.1:1080")
+    monkeypatch.delenv("https_proxy", raising=False)
+    flags: dict[str, Any] = {"base_url": "https://api.example.com/v1", "api_key": SECRET, "json_output": True}
+    for name in ("doctor", "probe"):
+        if name == "doctor":
+            code = doctor.run(DoctorSettings(**flags), io.StringIO())
+        else:
+            code = probe.run(probe.ProbeSettings(**flags), io.StringIO())
+        err = capsys.readouterr().err
+        assert code == 2 and "hush-0123" not in err and SECRET not in err
+        assert err == (
+            f"{name}: HTTPS_PROXY uses a socks5:// proxy; only http:// forward proxies "
+            "are supported (for an https upstream the tunnel to it is still TLS end to end); "
+            "give it as http://[USER:PASSWORD@]host:port, or unset it to connect directly\n"
+        )
+
+
 async def test_network_failures_dns_connect_tls_scheme(sim: SimRunning) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

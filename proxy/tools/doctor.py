@@ -6,7 +6,11 @@
              (then the fix names the variable to set); one that needs none (the simulator) passes
     network  the base URL is well formed (http(s), no endpoint path glued on), its host
              resolves, a TCP connection opens, TLS completes, and `GET {base}/models` is routed
-             (a 404 there means a path is added or missing: the right base URL is named).
+             (a 404 there means a path is added or missing: the right base URL is named; a
+             taotrace metrics port is named as such, with the proxy's port to use). A base URL
+             without a version segment that works only because the server also takes it (the
+             simulator does; `{base}/v1` answers too) passes with a warning: providers serve
+             the API under `/v1`.
              Behind a corporate proxy (`HTTPS_PROXY` / `HTTP_PROXY`, unless `NO_PROXY` says
              direct: `serve`'s rules) it says which way it went, and steps through the forward
              proxy instead: its name, TCP to it, CONNECT, TLS through the tunnel; a proxy that is
@@ -19,7 +23,8 @@
              (opening the connection + one round trip, from the kernel's TCP_INFO on Linux)
 
 It stops at the first failure with a one-line cause and a concrete fix; the exit status is 0
-only when every check passes.
+only when every check passes (warnings allowed). A proxy variable that cannot work is exit 2 and
+one line, as for `probe` and `serve`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import asyncio
 import difflib
 import json
 import os
+import re
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -53,12 +59,14 @@ from proxy.tools.clientconfig import (
     shown_url,
 )
 from proxy.tools.reach import Unreachable, reach
-from proxy.tools.route import DIRECT, Route, os_reason, route_for
+from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, os_reason, route_for
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
 
 STREAM_PROMPT = "Say OK."
 PROXY_ERROR_PREFIX = "taotrace: "  # how the proxy's own error bodies start (proxy/errors.py)
+VERSIONED = re.compile(r"/v\d+[a-z0-9]*(/|$)")  # /v1, /v1beta, /v2/...: a path with an API version
+METRICS_PEEK = 256 * 1024  # how much of a /metrics page is read to recognise taotrace's
 
 
 class DoctorSettings(ClientSettings):
@@ -69,12 +77,23 @@ class DoctorSettings(ClientSettings):
 
 @dataclass(frozen=True)
 class Check:
-    """The outcome of one step: ok / fail / skip, what was seen, and the fix when it failed."""
+    """The outcome of one step: ok / warn / fail / skip, what was seen, and the fix when it failed
+    or warned (`warning`: what works here but not elsewhere)."""
 
     name: str
     status: str
     detail: str
     fix: str | None = None
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class Caution:
+    """A check that passed with a warning: what it saw, the warning, and the fix."""
+
+    detail: str
+    warning: str
+    fix: str
 
 
 class Failed(Exception):
@@ -175,10 +194,60 @@ def _route(url: URL, environ: Mapping[str, str]) -> Route:
     try:
         return route_for(url, environ)
     except ValueError as exc:  # a bad HTTPS_PROXY: named, never with its credentials
-        raise Failed(str(exc), "give it as http://[USER:PASSWORD@]host:port, or unset it to connect directly") from None
+        raise Failed(str(exc), BAD_VARIABLE_FIX) from None
 
 
-async def check_network(state: _State) -> str:
+def _routed(status: int, kind: str) -> bool:
+    """The path reached an API: not a 404, nor a web page."""
+    return status != 404 and not (status == 200 and "html" in kind)
+
+
+async def _head(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body's first `limit` bytes (a big /metrics page is not read whole)."""
+    data = b""
+    while len(data) < limit:
+        chunk = await response.content.read(limit - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def _metrics_port(session: aiohttp.ClientSession, url: URL, route: Route) -> bool:
+    """Whether `url`'s host and port serve taotrace's metrics (`/healthz` "ok", `/metrics` with
+    taotrace_ series): a base URL given the metrics port instead of the proxy's."""
+    origin = str(url.origin())
+    try:
+        async with session.get(origin + "/healthz", **route.options({})) as response:
+            if response.status != 200 or (await _head(response, 64)).strip() != b"ok":
+                return False
+        async with session.get(origin + "/metrics", **route.options({})) as response:
+            return response.status == 200 and b"# TYPE taotrace_" in await _head(response, METRICS_PEEK)
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _shape(session: aiohttp.ClientSession, state: _State, url: URL) -> tuple[str, str] | None:
+    """The warning and fix when a base URL with no version segment works here only because this
+    server (the simulator, a proxy in front of it) also answers without one: `{base}/v1` does too."""
+    if VERSIONED.search(url.path):
+        return None
+    candidate = state.target.base_url.rstrip("/") + "/v1"
+    try:
+        status, _, kind = await _get_models(session, candidate, state.target.api_key, state.route)
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+    if not _routed(status, kind):
+        return None
+    base = _shown(state.target.base_url)
+    return (
+        f"{base}/models answers and so does {base}/v1/models: this server takes either, but providers "
+        f"(OpenAI, vLLM, Ollama) serve only the /v1 form, e.g. {base}/v1/chat/completions for the chat call",
+        f"use --base-url {base}/v1, the form that works elsewhere too",
+    )
+
+
+async def check_network(state: _State) -> str | Caution:
     url = _parse_base(state.target.base_url)
     state.route = route = _route(url, state.environ)
     try:
@@ -200,27 +269,35 @@ async def check_network(state: _State) -> str:
             ) from None
         if status == 407 and route.forward is not None:  # only a proxy sends 407 (RFC 9110)
             raise Failed(*route.wants_credentials())
-        routed = status != 404 and not (status == 200 and "html" in kind)
-        if not routed:
+        if not _routed(status, kind):
             for candidate in _alternatives(url):
                 try:
                     alt_status, _, alt_kind = await _get_models(session, candidate, state.target.api_key, route)
                 except (aiohttp.ClientError, TimeoutError):
                     continue
-                if alt_status != 404 and "html" not in alt_kind:
+                if _routed(alt_status, alt_kind):
                     missing = len(candidate) > len(state.target.base_url)
                     raise Failed(
                         f"base URL path is wrong: {_shown(state.target.base_url)}/models is {status}, "
                         f"{_shown(candidate)}/models answers ({'a path is missing' if missing else 'a path is added'})",
                         f"use --base-url {_shown(candidate)}",
                     )
+            if await _metrics_port(session, url, route):
+                raise Failed(
+                    f"{_shown(str(url.origin()))} is taotrace's metrics port (/metrics, /healthz, the live view); "
+                    "the proxy is on serve's --port",
+                    f"use --base-url {_shown(str(url.with_port(8787).with_path('/v1')))} "
+                    "(the proxy's --port: 8787 unless it was set)",
+                )
             raise Failed(
                 f"{_shown(state.target.base_url)}/models is {'a web page' if status == 200 else 'not found (404)'}: "
                 "this is not an OpenAI-compatible base URL",
                 f"use the API base URL, e.g. {DEFAULT_BASE_URL}",
             )
+        shape = await _shape(session, state, url)
     state.models_status, state.models_body = status, body
-    return ", ".join(notes) + f"; GET /models answered {status}"
+    detail = ", ".join(notes) + f"; GET /models answered {status}"
+    return detail if shape is None else Caution(detail, *shape)
 
 
 # --- auth, model ---------------------------------------------------------------------------
@@ -320,7 +397,7 @@ async def check_stream(state: _State) -> str:
     return f"{m.events} chunks parsed, {m.token_events} tokens, {ttft}{usage}, [DONE] seen{network}"
 
 
-CHECKS: tuple[tuple[str, Callable[[_State], Awaitable[str]]], ...] = (
+CHECKS: tuple[tuple[str, Callable[[_State], Awaitable[str | Caution]]], ...] = (
     ("key", check_key),
     ("network", check_network),
     ("auth", check_auth),
@@ -347,15 +424,20 @@ async def diagnose(
             results.append(Check(name, "skip", "not run"))
             continue
         try:
-            results.append(Check(name, "ok", await check(state)))
+            outcome = await check(state)
         except Failed as exc:
             results.append(Check(name, "fail", exc.cause, exc.fix))
             failed = True
+            continue
+        if isinstance(outcome, Caution):
+            results.append(Check(name, "warn", outcome.detail, outcome.fix, outcome.warning))
+        else:
+            results.append(Check(name, "ok", outcome))
     return results
 
 
 def report(target: Target, checks: list[Check], as_json: bool, out: TextIO) -> int:
-    ok = all(c.status == "ok" for c in checks)
+    ok = all(c.status in ("ok", "warn") for c in checks)
     if as_json:
         doc: dict[str, Any] = {
             "base_url": _shown(target.base_url),
@@ -366,12 +448,16 @@ def report(target: Target, checks: list[Check], as_json: bool, out: TextIO) -> i
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0 if ok else 1
     out.write(f"taotrace doctor: {_shown(target.base_url)}, model {target.model}\n")
-    marks = {"ok": "ok  ", "fail": "FAIL", "skip": "-   "}
+    marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "skip": "-   "}
     for c in checks:
         out.write(f"  {marks[c.status]}  {c.name:<8} {c.detail if c.status != 'skip' else ''}".rstrip() + "\n")
+        if c.warning:
+            out.write(f"        {'':<8} warning: {c.warning}\n")
         if c.fix:
             out.write(f"        {'':<8} fix: {c.fix}\n")
-    out.write("all checks passed\n" if ok else "")
+    warned = sum(c.status == "warn" for c in checks)
+    if ok:
+        out.write("all checks passed" + (f" ({warned} warning{'s' if warned > 1 else ''})" if warned else "") + "\n")
     return 0 if ok else 1
 
 
@@ -381,6 +467,13 @@ def run(settings: DoctorSettings, out: TextIO = sys.stdout) -> int:
         target = load_target(settings)
     except ValueError as exc:
         print(f"doctor: {exc}", file=sys.stderr)
+        return 2
+    try:  # a bad HTTPS_PROXY is a usage error, as for probe and serve (a bad base URL is the network check's)
+        route_for(parse_base_url(target.base_url), os.environ)
+    except BaseURLError:
+        pass
+    except ValueError as exc:
+        print(f"doctor: {exc}; {BAD_VARIABLE_FIX}", file=sys.stderr)
         return 2
     checks = asyncio.run(diagnose(target, settings.timeout))
     return report(target, checks, settings.json_output, out)

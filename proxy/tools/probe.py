@@ -29,7 +29,7 @@ from pydantic import Field
 
 from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measure, ms, network_share, tls_context
 from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
-from proxy.tools.route import DIRECT, Route, route_for
+from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, route_for
 from proxy.tools.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
@@ -159,9 +159,13 @@ def run(settings: ProbeSettings, out: TextIO = sys.stdout) -> int:
         target = load_target(settings)
         url = parse_base_url(target.base_url)  # the same check, and the same words, as doctor's
         api_name(settings.api)
-        route = route_for(url, os.environ)  # a bad HTTPS_PROXY: one line, as `serve` says it
     except ValueError as exc:
         print(f"probe: {exc}", file=sys.stderr)
+        return 2
+    try:
+        route = route_for(url, os.environ)  # a bad HTTPS_PROXY: one line, as `serve` says it
+    except ValueError as exc:
+        print(f"probe: {exc}; {BAD_VARIABLE_FIX}", file=sys.stderr)
         return 2
     results = asyncio.run(probe(settings, target, route))
     return report(settings, target, results, out, route)

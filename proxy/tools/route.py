@@ -23,9 +23,11 @@ from yarl import URL
 
 from proxy.envproxy import ForwardProxy, bypassed, forward_proxy_for
 
-__all__ = ["DIRECT", "Route", "os_reason", "route_for"]
+__all__ = ["BAD_VARIABLE_FIX", "DIRECT", "Route", "os_reason", "route_for"]
 
 _NO_PROXY = ("no_proxy", "NO_PROXY")
+# What to do about a proxy variable `route_for` refuses (probe and doctor say it alike).
+BAD_VARIABLE_FIX = "give it as http://[USER:PASSWORD@]host:port, or unset it to connect directly"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
