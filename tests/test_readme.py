@@ -158,7 +158,6 @@ def test_user_documents_speak_to_users() -> None:
     found = [
         f"{doc.relative_to(ROOT)}:{n}: {m.group()}"
         for doc in USER_DOCS
-        if doc.name != "performance.md"  # still a journal: being rewritten as method and results
         for n, line in enumerate(doc.read_text().splitlines(), 1)
         for m in HISTORY.finditer(line)
     ]
