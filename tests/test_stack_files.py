@@ -776,6 +776,15 @@ def test_k8s_components_validate(tmp_path: Path) -> None:
     )
     assert settings["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4317"
     assert 4317 in {p["port"] for p in collector_service["spec"]["ports"]}
+    # The collector's trace exporter reaches the Jaeger the jaeger component deploys, which runs
+    # the image compose runs.
+    host, port = config["exporters"]["otlp/jaeger"]["endpoint"].split(":")
+    jaeger_service = objects[("Service", host)]
+    assert int(port) in {p["port"] for p in jaeger_service["spec"]["ports"]}
+    jaeger = objects[("Deployment", "jaeger")]
+    assert jaeger_service["spec"]["selector"].items() <= jaeger["spec"]["template"]["metadata"]["labels"].items()
+    (container,) = jaeger["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == load_yaml(ROOT / "docker-compose.yml")["services"]["jaeger"]["image"]
 
 
 def test_k8s_deployment_drains_and_probes() -> None:
