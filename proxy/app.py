@@ -19,8 +19,9 @@ from aiohttp import web
 
 from proxy.accounting.config import Accounting
 from proxy.envproxy import forward_proxy_for
-from proxy.forward import Forwarder, Observer
+from proxy.forward import Forwarder, Observer, Upstream
 from proxy.hints import DoubledPrefix
+from proxy.routes import Route, Router, routes_for
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from proxy.telemetry.metrics import Recorder
@@ -41,13 +42,14 @@ class ServerState:
 
 
 STATE_KEY = web.AppKey("state", ServerState)
-POOL_KEY = web.AppKey("pool", UpstreamPool)
+UPSTREAMS_KEY = web.AppKey("upstreams", tuple[Upstream, ...])
 
 
-def make_pool(settings: Settings, environ: Mapping[str, str] = os.environ) -> UpstreamPool:
-    """The upstream connections, configured for long streams and byte-exact forwarding; through
-    the forward proxy `HTTPS_PROXY` / `HTTP_PROXY` name unless `NO_PROXY` says otherwise."""
-    upstream = upstream_url(settings.upstream)
+def make_pool(settings: Settings, environ: Mapping[str, str] = os.environ, *, url: str | None = None) -> UpstreamPool:
+    """The connections to one upstream (`url`, default `--upstream`), configured for long streams
+    and byte-exact forwarding; through the forward proxy `HTTPS_PROXY` / `HTTP_PROXY` name unless
+    `NO_PROXY` says otherwise (decided per upstream host)."""
+    upstream = upstream_url(settings.upstream if url is None else url)
     return UpstreamPool(
         upstream,
         connect_timeout=settings.connect_timeout,
@@ -70,19 +72,19 @@ def create_proxy_app(
 ) -> web.Application:
     """The proxy: one catch-all route; the port reserves no path of its own.
 
-    Call it on the loop that will serve the app (the upstream pool is bound to it)."""
-    upstream = upstream_url(settings.upstream)
+    Call it on the loop that will serve the app (the upstream pools are bound to it): one pool
+    per route (`--route`), the route for `/` being `--upstream` unless a route claims it."""
+    routes = routes_for(settings.upstream, settings.routes)
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
     app[STATE_KEY] = state
-    pool = app[POOL_KEY] = make_pool(settings)
+    upstreams = app[UPSTREAMS_KEY] = tuple(Upstream(r, make_pool(settings, url=str(r.url))) for r in routes)
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
-        await pool.close()
+        await asyncio.gather(*(u.pool.close() for u in upstreams))
 
     forwarder = Forwarder(
-        pool,
-        upstream.raw_path,
+        Router([(u.route, u) for u in upstreams]),
         telemetry,
         metrics,
         max_body_bytes=settings.max_body_bytes,
@@ -96,7 +98,8 @@ def create_proxy_app(
     app.cleanup_ctx.append(pool_ctx)
     forward = forwarder.handle
     in_flight = state.in_flight
-    doubled = DoubledPrefix(upstream, logging.getLogger("taotrace"))
+    root: Route = next(r for r in routes if r.prefix == "")
+    doubled = DoubledPrefix(root.url, logging.getLogger("taotrace"))
 
     async def tracked(request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()

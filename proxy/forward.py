@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 from opentelemetry.trace import INVALID_SPAN, Span
@@ -40,6 +41,7 @@ from proxy.dialects import (
 )
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
+from proxy.routes import Route, Router
 from proxy.sse import SSEDecoder
 from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
 from proxy.telemetry.metrics import Recorder
@@ -47,7 +49,7 @@ from proxy.telemetry.spans import Telemetry
 from proxy.timing import PhaseClock, RequestRecord
 from proxy.upstream import UpstreamPool, UpstreamResponse
 
-__all__ = ["Forwarder"]
+__all__ = ["Forwarder", "Upstream"]
 
 log = logging.getLogger("taotrace")
 
@@ -63,6 +65,14 @@ DRAIN_POLL = 0.005
 
 class _ClientGone(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """One route and the connection pool of its upstream."""
+
+    route: Route
+    pool: UpstreamPool
 
 
 class _Relay:
@@ -158,7 +168,7 @@ class _Exchange:
     """One request through the proxy, as its handler learns about it; `_finish` records it."""
 
     __slots__ = (
-        "client_headers", "error_type", "info", "method", "path", "phase", "relay", "span", "status", "t_end",
+        "client_headers", "error_type", "info", "method", "path", "phase", "relay", "route", "span", "status", "t_end",
         "tcp_end", "upstream",
     )  # fmt: skip
 
@@ -170,7 +180,9 @@ class _Exchange:
         phase: PhaseClock,
         span: Span,
         client_headers: Mapping[str, str],
+        route: Route,
     ) -> None:
+        self.route = route
         self.method = method
         self.path = path
         self.info = info
@@ -237,8 +249,7 @@ class Forwarder:
 
     def __init__(
         self,
-        pool: UpstreamPool,
-        base_path: str,
+        router: Router[Upstream],
         telemetry: Telemetry,
         metrics: Recorder,
         *,
@@ -252,8 +263,7 @@ class Forwarder:
         prices: PriceTable | None = None,
         wall_clock: Clock = time.time,
     ) -> None:
-        self.pool = pool
-        self.base_path = base_path.rstrip("/")  # the upstream URL's path, e.g. "/api"
+        self.router = router
         self.telemetry = telemetry
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -280,25 +290,28 @@ class Forwarder:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         t0 = self.clock()
+        upstream_name = ""
         try:
             target = self._target(request)
+            up, target = self.router.match(target)
+            upstream_name = up.route.name
             body = await self._read_body(request)
         except ProxyError as exc:
             path = request.rel_url.raw_path
-            self._record_early(api_for_path(path), request.method, path, exc, t0)
+            self._record_early(api_for_path(path), request.method, path, exc, t0, upstream_name)
             return exc.response()
-        path, _, query = target.partition("?")
+        path, _, query = target.partition("?")  # the path as the upstream sees it, the prefix stripped
         info = inspect_request(api_for_path(path), body, capture_content=self.capture_content, end_user=self.body_user)
-        gauge = self.metrics.in_flight.labels(info.api)
+        gauge = self.metrics.in_flight.labels(upstream_name, info.api)
         gauge.inc()
         try:
-            span = self.telemetry.start(info, request.method, path, query, request.headers, t0)
+            span = self.telemetry.start(info, request.method, path, query, request.headers, t0, up.route)
         except Exception:  # telemetry must never break a request
             log.exception("could not start the request span")
             span = INVALID_SPAN
-        x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers)
+        x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers, up.route)
         try:
-            return await self._forward(request, x, target, body)
+            return await self._forward(request, x, up.pool, target, body)
         except asyncio.CancelledError:
             x.cancelled(draining=self.is_draining())
             raise
@@ -310,12 +323,14 @@ class Forwarder:
             except Exception:  # telemetry must never break a request
                 log.exception("telemetry failed for one request")
 
-    async def _forward(self, request: web.BaseRequest, x: _Exchange, target: str, body: bytes) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.BaseRequest, x: _Exchange, pool: UpstreamPool, target: str, body: bytes
+    ) -> web.StreamResponse:
         """Send the request upstream and relay its answer; what happens is noted on `x`."""
         headers = request_headers(request.headers.items(), request.remote)
         self.telemetry.inject(x.span, headers)
         try:
-            upstream = await self.pool.request(x.method, self.base_path + target, headers.items(), body, x.phase)
+            upstream = await pool.request(x.method, x.route.base_path + target, headers.items(), body, x.phase)
         except ProxyError as error:  # our own 502/504, never bytes from the wire
             x.status, x.error_type = error.status, error.error_type
             log.debug("upstream request failed: %s", error.message)
@@ -439,6 +454,7 @@ class Forwarder:
         text = reader.text if reader is not None else None
         record = RequestRecord(
             trace_id=None if sampling == "dropped" else self.telemetry.trace_id(x.span),
+            upstream=x.route.name,
             api=info.api,
             operation=info.operation,
             model=info.model,
@@ -477,11 +493,12 @@ class Forwarder:
             return None
         return cost_of(self.prices, usage, model, response_model)
 
-    def _record_early(self, api: str, method: str, path: str, exc: ProxyError, t0: float) -> None:
+    def _record_early(self, api: str, method: str, path: str, exc: ProxyError, t0: float, upstream: str) -> None:
         """A request refused before forwarding still counts (and is timed) in the metrics."""
         timing = PhaseClock(t0).finish(self.clock(), streaming=False)
         record = RequestRecord(
             trace_id=None,
+            upstream=upstream,
             api=api,
             operation=None,
             model=None,

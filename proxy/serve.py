@@ -26,6 +26,7 @@ from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstrea
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.protocol import GuardedAppRunner
+from proxy.routes import default_route_conflict, routes_for
 from proxy.settings import Settings, parse_thresholds
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
@@ -107,6 +108,18 @@ def telemetry_for(settings: Settings, provider: trace.TracerProvider, *, ship: b
     )
 
 
+def genai_metrics_for(settings: Settings, meters: MeterProvider, models: ModelLabels) -> GenAIMetrics:
+    """The OTLP GenAI metrics observer (one process, or a group's supervisor); `server.*` per route."""
+    upstream = upstream_url(settings.upstream)
+    return GenAIMetrics(
+        meters,
+        server_address=upstream.host or "",
+        server_port=upstream.port or 0,
+        models=models,
+        upstreams={r.name: (r.host, r.port) for r in routes_for(settings.upstream, settings.routes)},
+    )
+
+
 @asynccontextmanager
 async def running(
     settings: Settings,
@@ -136,7 +149,6 @@ async def running(
     meters = build_meter_provider() if own_meters else meter_provider
     provider = build_tracer_provider(export=not worker) if tracer_provider is None else tracer_provider
     registry = CollectorRegistry() if registry is None else registry
-    upstream = upstream_url(settings.upstream)
     telemetry = telemetry_for(settings, provider, ship=ship_spans)
     accounting = accounting_from(settings)
     metrics = metrics_for(settings, registry)
@@ -147,9 +159,7 @@ async def running(
         observers.append(AccessLog(logging.getLogger("taotrace.access")))
     genai = None
     if meters is not None:
-        genai = GenAIMetrics(
-            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=metrics.models
-        )
+        genai = genai_metrics_for(settings, meters, metrics.models)
         observers.append(genai)
     live = None
     if settings.ui and not worker:  # a worker's records reach the supervisor's live view instead
@@ -214,6 +224,8 @@ async def serve(settings: Settings) -> None:
         # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
         gc.freeze()
         log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, settings.upstream, srv.metrics_url)
+        if settings.routes:
+            log.info("routes: %s", describe_routes(settings))
         if srv.live is not None:
             log.info("live view on %s/", srv.metrics_url)
         await shutdown.wait()
@@ -222,6 +234,14 @@ async def serve(settings: Settings) -> None:
             settings.drain_seconds,
             len(srv.state.in_flight),
         )
+
+
+def describe_routes(settings: Settings) -> str:
+    """`/anthropic -> https://api.anthropic.com (anthropic), / -> ...`: where each prefix goes."""
+    return ", ".join(
+        f"{r.shown_prefix} -> {r.url.with_user(None).with_password(None)} ({r.name})"
+        for r in routes_for(settings.upstream, settings.routes)
+    )
 
 
 def configure_logging(level: str) -> None:
@@ -237,12 +257,18 @@ def run(settings: Settings) -> int:
     configure_logging(settings.log_level)
     try:
         accounting_from(settings)  # a bad --prices file or --metric-label stops here, with its reason
-        forward = forward_proxy_for(upstream_url(settings.upstream), os.environ)  # a bad HTTPS_PROXY, by name
+        conflict = default_route_conflict("upstream" in settings.model_fields_set, settings.routes)
+        if conflict is not None:
+            raise ValueError(conflict)
+        routes = routes_for(settings.upstream, settings.routes)
+        forwards = [(r, forward_proxy_for(r.url, os.environ)) for r in routes]  # a bad HTTPS_PROXY, by name
     except ValueError as exc:  # never the proxy's credentials: the messages are built without them
         log.error("%s", exc)
         return 2
-    if forward is not None:
-        log.info("the upstream is reached through the %s", forward.where)
+    for route, forward in forwards:
+        if forward is not None:
+            where = "the upstream" if len(routes) == 1 else f"upstream {route.name}"
+            log.info("%s is reached through the %s", where, forward.where)
     try:
         if settings.workers > 1 or settings.telemetry_process:
             from proxy.workers.supervisor import serve_group  # only a group needs it

@@ -108,7 +108,15 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TAOTRACE_", extra="ignore")
 
-    upstream: str = Field(DEFAULT_UPSTREAM, description="base URL every request is forwarded to")
+    upstream: str = Field(
+        DEFAULT_UPSTREAM, description="base URL every request is forwarded to (every path no route claims)"
+    )
+    routes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="[NAME:]/PREFIX=URL: requests under PREFIX go to URL, the prefix stripped; the longest prefix "
+        "wins; NAME (default: the URL's host) is the upstream label (repeatable; env: comma separated)",
+        json_schema_extra={"flag": "--route", "metavar": "[NAME:]/PREFIX=URL"},
+    )
     host: str = Field("127.0.0.1", min_length=1, description="address the proxy listens on")
     port: int = Field(8787, ge=0, le=65535, description="proxy port")
     metrics_host: str = Field("127.0.0.1", min_length=1, description="address of /metrics, /healthz, /readyz")
@@ -221,6 +229,16 @@ class Settings(BaseSettings):
     _split_allowlist = field_validator("model_allowlist", "attribute_header", "metric_label", mode="before")(split_csv)
     _check_thresholds = field_validator("keep_slower_than")(check_thresholds)
     _check_upstream = field_validator("upstream")(check_upstream)
+    _split_routes = field_validator("routes", mode="before")(split_csv)
+
+    @field_validator("routes")
+    @classmethod
+    def _valid_routes(cls, value: list[str]) -> list[str]:
+        from proxy.routes import routes_for
+
+        routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
+        return value
+
     _lower_level = field_validator("log_level", mode="before")(lower)
     _check_trace_url = field_validator("trace_url")(check_trace_url)
     _empty_token = field_validator("ui_token")(empty_is_none)

@@ -100,6 +100,10 @@ class RequestRecord:
     cost: Cost | None = field(default=None, kw_only=True)
     tcp: TcpStats | None = field(default=None, kw_only=True)  # the upstream connection's TCP_INFO (Linux)
     span: SpanStart | None = field(default=None, kw_only=True)  # for the telemetry process to finish
+    upstream: str = field(default="", kw_only=True)  # the route's name ("" when no route matched)
+    # --mirror: the id both records of a pair share, and whether this is the mirror's copy
+    pair_id: str | None = field(default=None, kw_only=True)
+    mirror: bool = field(default=False, kw_only=True)
 
     @property
     def server_wait(self) -> float | None:

@@ -106,17 +106,19 @@ async def test_three_users_two_keys_prices_and_a_rate_limited_key(
     assert 1 <= roots[-1].attributes["taotrace.ratelimit.retry_after"] <= 60
 
     series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line[:1] != "#"}
-    assert series['taotrace_ratelimit_remaining{kind="requests",model="gpt-4o-mini"}'] == 0
-    assert series['taotrace_ratelimit_limit{kind="requests",model="gpt-4o-mini"}'] == 4
-    cost = series['taotrace_cost_total{api="chat_completions",model="gpt-4o-mini"}']
+    assert series['taotrace_ratelimit_remaining{kind="requests",model="gpt-4o-mini",upstream="127.0.0.1"}'] == 0
+    assert series['taotrace_ratelimit_limit{kind="requests",model="gpt-4o-mini",upstream="127.0.0.1"}'] == 4
+    cost = series['taotrace_cost_total{api="chat_completions",model="gpt-4o-mini",upstream="127.0.0.1"}']
     assert cost == pytest.approx((9.6 + 5 * 8.4) / 1e6, rel=1e-12)
-    assert series['taotrace_cost_total{api="messages",model="gpt-4o-mini"}'] == pytest.approx(8.4e-6, rel=1e-12)
-    assert series['taotrace_cost_cache_savings_total{api="chat_completions",model="gpt-4o-mini"}'] == pytest.approx(
-        6e-6
+    assert series['taotrace_cost_total{api="messages",model="gpt-4o-mini",upstream="127.0.0.1"}'] == pytest.approx(
+        8.4e-6, rel=1e-12
     )
+    assert series[
+        'taotrace_cost_cache_savings_total{api="chat_completions",model="gpt-4o-mini",upstream="127.0.0.1"}'
+    ] == pytest.approx(6e-6)
     assert (
         series[
-            'taotrace_requests_total{api="chat_completions",error_type="rate_limited",model="gpt-4o-mini",status_code="429"}'
+            'taotrace_requests_total{api="chat_completions",error_type="rate_limited",model="gpt-4o-mini",status_code="429",upstream="127.0.0.1"}'
         ]
         == 1
     )

@@ -232,7 +232,9 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
         async with supervising(settings, on_record=records.append) as group:
             tasks = [asyncio.ensure_future(one()) for _ in range(12)]
             deadline = time.monotonic() + 10
-            while not all(w.in_flight.get("chat_completions") for w in group.workers):  # both workers serve
+            while not all(
+                w.in_flight.get(("127.0.0.1", "chat_completions")) for w in group.workers
+            ):  # both workers serve
                 assert time.monotonic() < deadline, "one worker got every connection"
                 await asyncio.sleep(0.02)
             await asyncio.gather(*tasks)

@@ -101,7 +101,9 @@ def assert_clean(p: Proxied, rec: RequestRecord, case: Case, seen: float) -> Non
     assert rec.timing.end <= seen  # timed to the last byte written, not to the close
     root = root_span(p)
     assert root.status.status_code != StatusCode.ERROR and "error.type" not in root.attributes  # type: ignore[attr-defined]
-    assert p.srv.registry.get_sample_value("taotrace_in_flight_requests", {"api": rec.api}) == 0
+    assert (
+        p.srv.registry.get_sample_value("taotrace_in_flight_requests", {"upstream": rec.upstream, "api": rec.api}) == 0
+    )
 
 
 async def second_request_reused(p: Proxied, client: aiohttp.ClientSession, path: str) -> bool:

@@ -47,11 +47,23 @@ async def test_embeddings_span_and_metrics(start_proxy: ProxyFactory, client: ai
     assert rec.api == "embeddings" and rec.usage_source == "reported" and rec.timing.ttft is None
     assert models.name == "GET" and models.attributes["taotrace.api"] == "other"
     assert models.attributes["http.response.status_code"] == 200 and p.records[1].timing.duration > 0
-    assert 'taotrace_tokens_total{api="embeddings",model="text-embedding-3-small",type="input"} 8.0' in text
-    assert 'taotrace_request_duration_seconds_count{api="embeddings",model="text-embedding-3-small"} 1.0' in text
-    assert 'taotrace_request_duration_seconds_count{api="other",model="unknown"} 1.0' in text
-    assert 'taotrace_requests_total{api="other",error_type="",model="unknown",status_code="200"} 1.0' in text
-    assert 'taotrace_time_to_first_token_seconds_count{api="embeddings",model="text-embedding-3-small"} 0.0' in text
+    assert (
+        'taotrace_tokens_total{api="embeddings",model="text-embedding-3-small",type="input",upstream="127.0.0.1"} 8.0'
+        in text
+    )
+    assert (
+        'taotrace_request_duration_seconds_count{api="embeddings",model="text-embedding-3-small",upstream="127.0.0.1"} 1.0'
+        in text
+    )
+    assert 'taotrace_request_duration_seconds_count{api="other",model="unknown",upstream="127.0.0.1"} 1.0' in text
+    assert (
+        'taotrace_requests_total{api="other",error_type="",model="unknown",status_code="200",upstream="127.0.0.1"} 1.0'
+        in text
+    )
+    assert (
+        'taotrace_time_to_first_token_seconds_count{api="embeddings",model="text-embedding-3-small",upstream="127.0.0.1"} 0.0'
+        in text
+    )
 
 
 def _big(usage_first: bool) -> bytes:

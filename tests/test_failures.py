@@ -149,7 +149,12 @@ async def test_client_disconnect_cancels_the_upstream(when: str, proxy: Proxied)
             break
         await asyncio.sleep(0.02)
     assert proxy.records[-1].error_type == "client_abort"
-    assert proxy.srv.registry.get_sample_value("taotrace_in_flight_requests", {"api": "chat_completions"}) == 0
+    assert (
+        proxy.srv.registry.get_sample_value(
+            "taotrace_in_flight_requests", {"upstream": "127.0.0.1", "api": "chat_completions"}
+        )
+        == 0
+    )
 
 
 async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSession) -> None:

@@ -24,26 +24,26 @@ from tests.conftest import Proxied
 from tests.fakes import chat_stream, record_for, stream_handler
 
 CONTRACT = {
-    "taotrace_requests": ("counter", {"api", "model", "status_code", "error_type"}),
-    "taotrace_request_duration_seconds": ("histogram", {"api", "model"}),
-    "taotrace_time_to_first_token_seconds": ("histogram", {"api", "model"}),
-    "taotrace_time_per_output_token_seconds": ("histogram", {"api", "model"}),
-    "taotrace_inter_token_latency_seconds": ("histogram", {"api", "model"}),
-    "taotrace_phase_duration_seconds": ("histogram", {"api", "model", "phase"}),
-    "taotrace_tokens": ("counter", {"api", "model", "type"}),
-    "taotrace_in_flight_requests": ("gauge", {"api"}),
-    "taotrace_proxy_overhead_seconds": ("histogram", {"api", "stage"}),  # second round
+    "taotrace_requests": ("counter", {"upstream", "api", "model", "status_code", "error_type"}),
+    "taotrace_request_duration_seconds": ("histogram", {"upstream", "api", "model"}),
+    "taotrace_time_to_first_token_seconds": ("histogram", {"upstream", "api", "model"}),
+    "taotrace_time_per_output_token_seconds": ("histogram", {"upstream", "api", "model"}),
+    "taotrace_inter_token_latency_seconds": ("histogram", {"upstream", "api", "model"}),
+    "taotrace_phase_duration_seconds": ("histogram", {"upstream", "api", "model", "phase"}),
+    "taotrace_tokens": ("counter", {"upstream", "api", "model", "type"}),
+    "taotrace_in_flight_requests": ("gauge", {"upstream", "api"}),
+    "taotrace_proxy_overhead_seconds": ("histogram", {"upstream", "api", "stage"}),  # second round
     # second round (issue 14): rate limits and cost; no samples until an upstream sends the
     # headers / a price table is given
-    "taotrace_ratelimit_remaining": ("gauge", {"model", "kind"}),
-    "taotrace_ratelimit_limit": ("gauge", {"model", "kind"}),
-    "taotrace_ratelimit_reset_timestamp_seconds": ("gauge", {"model", "kind"}),
-    "taotrace_cost": ("counter", {"api", "model"}),
-    "taotrace_cost_unpriced_requests": ("counter", {"api", "model"}),
-    "taotrace_cost_cache_savings": ("counter", {"api", "model"}),
+    "taotrace_ratelimit_remaining": ("gauge", {"upstream", "model", "kind"}),
+    "taotrace_ratelimit_limit": ("gauge", {"upstream", "model", "kind"}),
+    "taotrace_ratelimit_reset_timestamp_seconds": ("gauge", {"upstream", "model", "kind"}),
+    "taotrace_cost": ("counter", {"upstream", "api", "model"}),
+    "taotrace_cost_unpriced_requests": ("counter", {"upstream", "api", "model"}),
+    "taotrace_cost_cache_savings": ("counter", {"upstream", "api", "model"}),
     "taotrace_worker_restarts": ("counter", set()),
-    "taotrace_upstream_rtt_seconds": ("histogram", {"api", "model"}),
-    "taotrace_upstream_retransmits": ("counter", {"api", "model"}),
+    "taotrace_upstream_rtt_seconds": ("histogram", {"upstream", "api", "model"}),
+    "taotrace_upstream_retransmits": ("counter", {"upstream", "api", "model"}),
 }
 BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # one process, and --workers 2
 

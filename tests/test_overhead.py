@@ -23,7 +23,8 @@ async def test_overhead_histogram_counts_each_request_and_each_read(
 
     def sample(stage: str, suffix: str) -> float | None:
         return registry.get_sample_value(
-            f"taotrace_proxy_overhead_seconds_{suffix}", {"api": "chat_completions", "stage": stage}
+            f"taotrace_proxy_overhead_seconds_{suffix}",
+            {"upstream": "127.0.0.1", "api": "chat_completions", "stage": stage},
         )
 
     assert sample("request", "count") == 1

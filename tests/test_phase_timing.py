@@ -88,7 +88,7 @@ async def test_histograms_observe_the_schedule(
     proxy: Proxied, client: aiohttp.ClientSession, registry: CollectorRegistry
 ) -> None:
     await stream_with_schedule(proxy, client)
-    labels = {"api": "chat_completions", "model": "gpt-4o-mini"}
+    labels = {"upstream": "127.0.0.1", "api": "chat_completions", "model": "gpt-4o-mini"}
     ttft_sum = registry.get_sample_value("taotrace_time_to_first_token_seconds_sum", labels)
     assert ttft_sum == pytest.approx(PREFILL, abs=0.06)
     assert registry.get_sample_value("taotrace_time_to_first_token_seconds_count", labels) == 1
@@ -118,7 +118,7 @@ async def test_non_streaming_requests_stay_out_of_token_histograms(
     )
     async with client.post(proxy.url + "/v1/chat/completions", json={"model": "m"}) as r:
         await r.read()
-    labels = {"api": "chat_completions", "model": "m"}
+    labels = {"upstream": "127.0.0.1", "api": "chat_completions", "model": "m"}
     assert registry.get_sample_value("taotrace_request_duration_seconds_count", labels) == 1
     assert registry.get_sample_value("taotrace_phase_duration_seconds_count", {**labels, "phase": "network"}) == 1
     assert not registry.get_sample_value("taotrace_time_to_first_token_seconds_count", labels)

@@ -167,9 +167,15 @@ async def test_cost_on_spans_and_counters(start_proxy: ProxyFactory, client: aio
     assert roots[1].attributes["taotrace.cost"] == pytest.approx(0.00382, rel=1e-12)
     assert roots[0].attributes["taotrace.cost.currency"] == "USD"
     assert "taotrace.cost" not in roots[2].attributes and "taotrace.cost" not in roots[3].attributes
-    assert got['taotrace_cost_total{api="chat_completions",model="gpt-4o"}'] == pytest.approx(0.00732, rel=1e-12)
-    assert got['taotrace_cost_cache_savings_total{api="chat_completions",model="gpt-4o"}'] == pytest.approx(0.00128)
-    assert got['taotrace_cost_unpriced_requests_total{api="chat_completions",model="llama-x"}'] == 1.0
+    assert got['taotrace_cost_total{api="chat_completions",model="gpt-4o",upstream="127.0.0.1"}'] == pytest.approx(
+        0.00732, rel=1e-12
+    )
+    assert got[
+        'taotrace_cost_cache_savings_total{api="chat_completions",model="gpt-4o",upstream="127.0.0.1"}'
+    ] == pytest.approx(0.00128)
+    assert (
+        got['taotrace_cost_unpriced_requests_total{api="chat_completions",model="llama-x",upstream="127.0.0.1"}'] == 1.0
+    )
     assert len(got) == 3  # the 400 (no usage) is neither priced nor unpriced
 
 

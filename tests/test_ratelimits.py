@@ -133,11 +133,11 @@ async def test_spans_and_gauges_from_a_stream_and_a_429(
     assert second.attributes["taotrace.ratelimit.requests.remaining"] == 0
     assert second.attributes["taotrace.ratelimit.retry_after"] == 12.0
     assert second.attributes["error.type"] == "rate_limited"
-    assert 'taotrace_ratelimit_remaining{kind="requests",model="gpt-4o-mini"} 0.0' in text
-    assert 'taotrace_ratelimit_remaining{kind="tokens",model="gpt-4o-mini"} 9000.0' in text
-    assert 'taotrace_ratelimit_limit{kind="requests",model="gpt-4o-mini"} 100.0' in text
+    assert 'taotrace_ratelimit_remaining{kind="requests",model="gpt-4o-mini",upstream="127.0.0.1"} 0.0' in text
+    assert 'taotrace_ratelimit_remaining{kind="tokens",model="gpt-4o-mini",upstream="127.0.0.1"} 9000.0' in text
+    assert 'taotrace_ratelimit_limit{kind="requests",model="gpt-4o-mini",upstream="127.0.0.1"} 100.0' in text
     assert (
-        'taotrace_requests_total{api="chat_completions",error_type="rate_limited",model="gpt-4o-mini",status_code="429"} 1.0'
+        'taotrace_requests_total{api="chat_completions",error_type="rate_limited",model="gpt-4o-mini",status_code="429",upstream="127.0.0.1"} 1.0'
         in text
     )
     reset = next(

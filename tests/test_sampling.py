@@ -130,7 +130,7 @@ async def test_a_burst_exports_exactly_the_kept_traces(
     assert len(records) == len(plan)  # every request recorded ...
     assert registry.get_sample_value(
         "taotrace_requests_total",
-        {"api": "chat_completions", "model": "fast", "status_code": "200", "error_type": ""},
+        {"upstream": "127.0.0.1", "api": "chat_completions", "model": "fast", "status_code": "200", "error_type": ""},
     ) == plan.count("fast") + plan.count("parent") + plan.count("unsampled")  # ... and counted
     assert {r.trace_id for r in records if r.trace_id} == set(kept)  # exemplars only for kept traces
     assert sorted(r.sampling for r in records if r.trace_id is None and r.sampling) == ["dropped"] * (

@@ -55,7 +55,7 @@ async def test_a_stream_carries_rtt_retransmits_and_server_wait(
     assert a["taotrace.tcp.rtt_var"] == rec.tcp.rtt_var and a["taotrace.tcp.retransmits"] == 0
     assert a["taotrace.tcp.out_of_order"] == 0 and a["taotrace.server_wait"] == server_wait
     assert a["taotrace.tcp.delivery_rate"] > 0
-    labels = {"api": "chat_completions", "model": "m"}
+    labels = {"upstream": "127.0.0.1", "api": "chat_completions", "model": "m"}
     assert registry.get_sample_value("taotrace_upstream_rtt_seconds_count", labels) == 1
     assert registry.get_sample_value("taotrace_upstream_rtt_seconds_sum", labels) == rec.tcp.min_rtt
     assert registry.get_sample_value("taotrace_upstream_retransmits_total", labels) == 0

@@ -41,6 +41,9 @@ def settings(upstream: FakeUpstream, **overrides: object) -> Settings:
     return Settings(**{**base, **overrides})
 
 
+UP = ("upstream", "127.0.0.1")  # the route's name: the upstream's host
+
+
 async def scrape(group: Group) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     async with aiohttp.ClientSession() as s, s.get(group.metrics_url + "/metrics") as r:
         text = await r.text()
@@ -82,10 +85,14 @@ async def test_requests_spread_over_workers_and_metrics_sum(slow_upstream: FakeU
         tasks = [asyncio.ensure_future(stream(group.proxy_url)) for _ in range(12)]
 
         async def all_in_flight() -> bool:  # the gauge is the sum of both workers' counts
-            return (await scrape(group)).get(("taotrace_in_flight_requests", (("api", "chat_completions"),))) == 12
+            return (await scrape(group)).get(
+                ("taotrace_in_flight_requests", (("api", "chat_completions"), ("upstream", "127.0.0.1")))
+            ) == 12
 
         await eventually(all_in_flight)
-        assert all(w.in_flight.get("chat_completions") for w in group.workers), "one worker got every connection"
+        assert all(w.in_flight.get(("127.0.0.1", "chat_completions")) for w in group.workers), (
+            "one worker got every connection"
+        )
         bodies = await asyncio.gather(*tasks)
         assert all(b == b"".join(SLOW) for b in bodies)
 
@@ -94,14 +101,14 @@ async def test_requests_spread_over_workers_and_metrics_sum(slow_upstream: FakeU
 
         await eventually(all_recorded)
         samples = await scrape(group)
-        key = (("api", "chat_completions"), ("error_type", ""), ("model", "m"), ("status_code", "200"))
+        key = (("api", "chat_completions"), ("error_type", ""), ("model", "m"), ("status_code", "200"), UP)
         assert samples[("taotrace_requests_total", key)] == 12
-        labels = (("api", "chat_completions"), ("model", "m"))
+        labels = (("api", "chat_completions"), ("model", "m"), UP)
         assert samples[("taotrace_time_to_first_token_seconds_count", labels)] == 12
         assert samples[("taotrace_inter_token_latency_seconds_count", labels)] == 12 * 39
         if sys.platform.startswith("linux"):  # TCP_INFO rides along in the records workers ship
             assert samples[("taotrace_upstream_rtt_seconds_count", labels)] == 12
-        assert samples[("taotrace_in_flight_requests", (("api", "chat_completions"),))] == 0
+        assert samples[("taotrace_in_flight_requests", (("api", "chat_completions"), ("upstream", "127.0.0.1")))] == 0
         assert samples[("taotrace_worker_restarts_total", ())] == 0
 
 

@@ -156,7 +156,10 @@ class GenAIMetrics:
         models: ModelLabels,
         response_models: ModelLabels | None = None,
         queue_limit: int = QUEUE_LIMIT,
+        upstreams: Mapping[str, tuple[str, int]] | None = None,
     ) -> None:
+        """`server_address`/`server_port`: the upstream; `upstreams`: each route's (host, port) by
+        its name (`--route`), which wins for a record of that route."""
         meter = provider.get_meter("taotrace", __version__, schema_url=SCHEMA_URL)
         self.duration = meter.create_histogram(DURATION, unit="s", description="GenAI operation duration.")
         self.tokens = meter.create_histogram(
@@ -189,6 +192,10 @@ class GenAIMetrics:
         self._stages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._bulk = BulkRecorder()
         self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
+        self.servers: dict[str, dict[str, str | int]] = {
+            name: {"server.address": host, "server.port": port, "taotrace.upstream": name}
+            for name, (host, port) in (upstreams or {}).items()
+        }
         # The request model: the very labels /metrics uses (same instance; Metrics.record has
         # already decided each name on the loop, so this thread only reads it). Response models are
         # bounded apart (this thread alone uses them), so dated variants never use up /metrics' budget.
@@ -253,7 +260,7 @@ class GenAIMetrics:
         base: dict[str, str | int] = {
             "gen_ai.operation.name": rec.operation,
             "gen_ai.provider.name": rec.provider or "openai",
-            **self.server,
+            **self.servers.get(rec.upstream, self.server),
         }
         if rec.model:
             base["gen_ai.request.model"] = self.models(rec.model)

@@ -4,7 +4,9 @@ The families live on our own `exposition.Registry` (rendered fast, see expositio
 family is one declaration in `Metrics.__init__`. When a prometheus_client `CollectorRegistry` is
 passed in, the families are registered there as a collector too (tests read values through it).
 A request updates its histograms once, when it ends, from its frozen `RequestRecord`; the label
-children for an (api, model) pair are created once and reused.
+children for an (upstream, api, model) triple are created once and reused. Every family that
+describes requests carries `upstream`, the route's name (`--route NAME:/prefix=URL`, default the
+upstream's host): bounded by the configuration.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class ModelLabels:
 
 
 class _Children:
-    """The label children of one (api, model) pair, created once."""
+    """The label children of one (upstream, api, model) triple, created once."""
 
     __slots__ = (
         "duration",
@@ -104,23 +106,24 @@ class _Children:
         "outcomes",
     )
 
-    def __init__(self, m: Metrics, api: str, model: str) -> None:
+    def __init__(self, m: Metrics, upstream: str, api: str, model: str) -> None:
         # taotrace_requests_total's child per (status code, error type): `labels()` builds and
         # hashes a tuple of strings, ~0.5 µs a request; a dict hit on the ints is ~0.1.
         self.outcomes: dict[tuple[int, str], ValueChild] = {}
-        self.duration = m.duration.labels(api, model)
-        self.ttft = m.ttft.labels(api, model)
-        self.tpot = m.tpot.labels(api, model)
-        self.itl = m.itl.labels(api, model)
-        self.network = m.phase.labels(api, model, "network")
-        self.prefill = m.phase.labels(api, model, "prefill_wait")
-        self.decode = m.phase.labels(api, model, "decode")
-        self.tok_in = m.tokens.labels(api, model, "input")
-        self.tok_out = m.tokens.labels(api, model, "output")
-        self.tok_cached = m.tokens.labels(api, model, "cached_input")
-        self.tok_reasoning = m.tokens.labels(api, model, "reasoning")
-        self.rtt = m.rtt.labels(api, model)
-        self.retransmits = m.retransmits.labels(api, model)
+        um = (upstream, api, model)
+        self.duration = m.duration.labels(*um)
+        self.ttft = m.ttft.labels(*um)
+        self.tpot = m.tpot.labels(*um)
+        self.itl = m.itl.labels(*um)
+        self.network = m.phase.labels(*um, "network")
+        self.prefill = m.phase.labels(*um, "prefill_wait")
+        self.decode = m.phase.labels(*um, "decode")
+        self.tok_in = m.tokens.labels(*um, "input")
+        self.tok_out = m.tokens.labels(*um, "output")
+        self.tok_cached = m.tokens.labels(*um, "cached_input")
+        self.tok_reasoning = m.tokens.labels(*um, "reasoning")
+        self.rtt = m.rtt.labels(*um)
+        self.retransmits = m.retransmits.labels(*um)
 
 
 class _Attributed:
@@ -136,21 +139,22 @@ class _Attributed:
         extra = tuple(labels)
         self.requests = Counter(
             "taotrace_attributed_requests", "Requests by outcome and --metric-label attributes.",
-            ("api", "model", "error_type", *extra), registry=registry,
+            ("upstream", "api", "model", "error_type", *extra), registry=registry,
         )  # fmt: skip
         self.tokens = Counter(
             "taotrace_attributed_tokens", "Tokens by type and --metric-label attributes.",
-            ("api", "model", "type", *extra), registry=registry,
+            ("upstream", "api", "model", "type", *extra), registry=registry,
         )  # fmt: skip
         self.cost = Counter(
             "taotrace_attributed_cost", "Cost (price-table currency) by --metric-label attributes.",
-            ("api", "model", *extra), registry=registry,
+            ("upstream", "api", "model", *extra), registry=registry,
         )  # fmt: skip
 
     def record(self, rec: RequestRecord, model: str) -> None:
         given = dict(rec.attributes)
         values = tuple(bound(given.get(name)) for name, bound in zip(self.attributes, self.values, strict=True))
-        self.requests.labels(rec.api, model, rec.error_type, *values).inc()
+        where = (rec.upstream, rec.api, model)
+        self.requests.labels(*where, rec.error_type, *values).inc()
         u = rec.usage
         for kind, n in (
             ("input", u.input_tokens),
@@ -159,9 +163,9 @@ class _Attributed:
             ("reasoning", u.reasoning_tokens),
         ):
             if n:
-                self.tokens.labels(rec.api, model, kind, *values).inc(n)
+                self.tokens.labels(*where, kind, *values).inc(n)
         if rec.cost is not None and rec.cost.amount is not None:
-            self.cost.labels(rec.api, model, *values).inc(rec.cost.amount)
+            self.cost.labels(*where, *values).inc(rec.cost.amount)
 
 
 class Recorder(Protocol):
@@ -187,7 +191,7 @@ class Metrics:
         """`attribute_labels`: (attribute name, label name) pairs for the `taotrace_attributed_*` counters."""
         self.registry = registry = Registry()  # every family below registers here
         self.models = models or ModelLabels()
-        am = ("api", "model")
+        am = ("upstream", "api", "model")
         self.requests = Counter(
             "taotrace_requests",
             "Requests forwarded, by outcome.",
@@ -229,25 +233,25 @@ class Metrics:
             am, registry=registry,
         )  # fmt: skip
         self.in_flight = Gauge(
-            "taotrace_in_flight_requests", "Requests being forwarded now.", ("api",), registry=registry
+            "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=registry
         )
         self.overhead = Histogram(
             "taotrace_proxy_overhead_seconds",
             "The proxy's own time: request (head arrival to upstream write, minus pool wait, DNS, connect) "
             "and relay (per upstream read, to the client socket).",
-            ("api", "stage"), buckets=BUCKETS_OVERHEAD, registry=registry,
+            ("upstream", "api", "stage"), buckets=BUCKETS_OVERHEAD, registry=registry,
         )  # fmt: skip
         self.ratelimit_remaining = Gauge(
             "taotrace_ratelimit_remaining", "Requests or tokens left in the upstream's rate-limit window (last response).",
-            ("model", "kind"), registry=registry,
+            ("upstream", "model", "kind"), registry=registry,
         )  # fmt: skip
         self.ratelimit_limit = Gauge(
             "taotrace_ratelimit_limit", "The upstream's rate limit for the window (last response).",
-            ("model", "kind"), registry=registry,
+            ("upstream", "model", "kind"), registry=registry,
         )  # fmt: skip
         self.ratelimit_reset = Gauge(
             "taotrace_ratelimit_reset_timestamp_seconds", "When the upstream's rate-limit window is replenished (epoch s).",
-            ("model", "kind"), registry=registry,
+            ("upstream", "model", "kind"), registry=registry,
         )  # fmt: skip
         self.cost = Counter(
             "taotrace_cost", "Cost of the requests, from the --prices table (in its currency).", am, registry=registry
@@ -271,28 +275,28 @@ class Metrics:
             "taotrace_worker_restarts", "Worker processes that died and were restarted (--workers).", registry=registry
         )
         self.worker_restarts.labels()  # 0 from the start, in one process too
-        self._children: dict[tuple[str, str], _Children] = {}
-        self._overhead: dict[str, tuple[HistogramChild, HistogramChild]] = {}
+        self._children: dict[tuple[str, str, str], _Children] = {}
+        self._overhead: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
         if collector_registry is not None:
             collector_registry.register(registry)
 
-    def children(self, api: str, model_label: str) -> _Children:
-        key = (api, model_label)
+    def children(self, api: str, model_label: str, upstream: str = "") -> _Children:
+        key = (upstream, api, model_label)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = _Children(self, api, model_label)
+            found = self._children[key] = _Children(self, upstream, api, model_label)
         return found
 
     def record(self, rec: RequestRecord) -> None:
         """Account one finished request."""
         model = self.models(rec.model)
-        c = self.children(rec.api, model)
+        c = self.children(rec.api, model, rec.upstream)
         t = rec.timing
         exemplar = {"trace_id": rec.trace_id} if rec.trace_id else None
         outcome = c.outcomes.get((rec.status_code, rec.error_type))
         if outcome is None:
             outcome = c.outcomes[(rec.status_code, rec.error_type)] = self.requests.labels(
-                rec.api, model, str(rec.status_code), rec.error_type
+                rec.upstream, rec.api, model, str(rec.status_code), rec.error_type
             )
         outcome.inc()
         c.duration.observe(t.duration, exemplar)
@@ -307,11 +311,11 @@ class Metrics:
             if t.tpot is not None:
                 c.tpot.observe(t.tpot, exemplar)
             c.itl.observe_many(t.itl, exemplar)  # the exemplar on the slowest gap only
-        found = self._overhead.get(rec.api)
+        found = self._overhead.get((rec.upstream, rec.api))
         if found is None:
-            found = self._overhead[rec.api] = (
-                self.overhead.labels(rec.api, "request"),
-                self.overhead.labels(rec.api, "relay"),
+            found = self._overhead[(rec.upstream, rec.api)] = (
+                self.overhead.labels(rec.upstream, rec.api, "request"),
+                self.overhead.labels(rec.upstream, rec.api, "relay"),
             )
         if t.overhead_request is not None:
             found[0].observe(t.overhead_request, exemplar)
@@ -337,11 +341,11 @@ class Metrics:
         cost = rec.cost
         if cost is not None:
             if cost.amount is None:
-                self.cost_unpriced.labels(rec.api, model).inc()
+                self.cost_unpriced.labels(rec.upstream, rec.api, model).inc()
             else:
-                self.cost.labels(rec.api, model).inc(cost.amount)
+                self.cost.labels(rec.upstream, rec.api, model).inc(cost.amount)
                 if cost.cache_savings:
-                    self.cost_cache_savings.labels(rec.api, model).inc(cost.cache_savings)
+                    self.cost_cache_savings.labels(rec.upstream, rec.api, model).inc(cost.cache_savings)
         if self.attributed is not None:
             self.attributed.record(rec, model)
 
@@ -350,8 +354,8 @@ class Metrics:
         observed = rec.rate_limits.observed_at
         for rl in rec.rate_limits.limits:
             if rl.remaining is not None:
-                self.ratelimit_remaining.labels(model, rl.kind).set(rl.remaining)
+                self.ratelimit_remaining.labels(rec.upstream, model, rl.kind).set(rl.remaining)
             if rl.limit is not None:
-                self.ratelimit_limit.labels(model, rl.kind).set(rl.limit)
+                self.ratelimit_limit.labels(rec.upstream, model, rl.kind).set(rl.limit)
             if rl.reset is not None:
-                self.ratelimit_reset.labels(model, rl.kind).set(observed + rl.reset)
+                self.ratelimit_reset.labels(rec.upstream, model, rl.kind).set(observed + rl.reset)

@@ -36,6 +36,7 @@ from opentelemetry.util import types
 
 from proxy import __version__
 from proxy.dialects import RequestInfo
+from proxy.routes import Route
 from proxy.telemetry import sdk_internals
 from proxy.telemetry.otlp_env import otlp_target
 from proxy.telemetry.sampling import OutcomeSampling
@@ -184,21 +185,37 @@ class Telemetry:
         return self._w3c
 
     def start(
-        self, info: RequestInfo, method: str, path: str, query: str, carrier: Mapping[str, str], t0: float
+        self,
+        info: RequestInfo,
+        method: str,
+        path: str,
+        query: str,
+        carrier: Mapping[str, str],
+        t0: float,
+        route: Route | None = None,
     ) -> Span:
-        """The root span, continuing the client's `traceparent` when it sent one."""
+        """The root span, continuing the client's `traceparent` when it sent one.
+
+        `route`: the upstream the request goes to (`server.*` name it, as the conventions ask of a
+        proxy); default the one given at construction. `path` is the path as the upstream sees it."""
         if info.operation is None:
             name = method
         else:
             name = f"{info.operation} {info.model}" if info.model else info.operation
+        if route is None:
+            base, address, port = self.upstream_base, self.server_address, self.server_port
+        else:
+            base, address, port = route.base, route.host, route.port
         attributes: dict[str, types.AnyValue] = {
             "http.request.method": method,
             "url.path": path,
-            "url.full": self.upstream_base + path + ("?" + _redacted_query(query) if query else ""),
-            "server.address": self.server_address,
-            "server.port": self.server_port,
+            "url.full": base + path + ("?" + _redacted_query(query) if query else ""),
+            "server.address": address,
+            "server.port": port,
             "taotrace.api": info.api,
         }
+        if route is not None:
+            attributes["taotrace.upstream"] = route.name
         if info.operation is not None:
             attributes["gen_ai.operation.name"] = info.operation
             attributes["gen_ai.provider.name"] = info.provider or "openai"

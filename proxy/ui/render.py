@@ -32,6 +32,7 @@ def row(e: Entry) -> dict[str, Any]:
         "seq": e.seq,
         "time": e.time,
         "trace_id": r.trace_id,
+        "upstream": r.upstream,
         "api": r.api,
         "model": r.model,
         "method": r.method,
@@ -50,6 +51,8 @@ def row(e: Entry) -> dict[str, Any]:
         # CLOCK_MONOTONIC seconds (time.perf_counter on Linux), the same clock in every process on
         # the host: what another process's own timestamps can be compared with (the benchmark's).
         "first_token_monotonic": t.first_token,
+        "pair_id": r.pair_id,  # --mirror: the primary and its mirror copy share it
+        "mirror": r.mirror,
     }
 
 

@@ -7,7 +7,7 @@ aggregated across workers with no change here. Each message is a tuple whose fir
 
     supervisor -> worker   ("start", settings as a dict, worker index)
     worker -> supervisor   ("ready",)
-                           ("records", [RequestRecord, ...], {api: requests in flight})
+                           ("records", [RequestRecord, ...], {(upstream, api): requests in flight})
 """
 
 from __future__ import annotations

@@ -53,10 +53,10 @@ from pydantic import SecretStr
 from proxy.app import create_metrics_app
 from proxy.lifecycle import Shutdown
 from proxy.protocol import GuardedAppRunner
-from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, metrics_for, telemetry_for
-from proxy.settings import Settings, upstream_url
+from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, genai_metrics_for, metrics_for, telemetry_for
+from proxy.settings import Settings
 from proxy.telemetry import sdk_internals
-from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
+from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
@@ -106,7 +106,7 @@ class _Worker:
     resource: Resource | None = None  # its spans' resource: the group's, with its own service.instance.id
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False
-    in_flight: dict[str, float] = field(default_factory=dict)
+    in_flight: dict[tuple[str, ...], float] = field(default_factory=dict)  # (upstream, api) -> requests
     started: float = 0.0
 
 
@@ -192,12 +192,12 @@ class _Supervisor:
 
     def _sum_in_flight(self) -> None:
         gauge = self.group.metrics.in_flight
-        totals = {key[0]: 0.0 for key in list(gauge.children)}
+        totals = {key: 0.0 for key in list(gauge.children)}
         for w in self.group.workers:
-            for api, n in w.in_flight.items():
-                totals[api] = totals.get(api, 0.0) + n
-        for api, n in totals.items():
-            gauge.labels(api).set(n)
+            for key, n in w.in_flight.items():
+                totals[key] = totals.get(key, 0.0) + n
+        for key, n in totals.items():
+            gauge.labels(*key).set(n)
 
     async def run_slot(self, worker: _Worker) -> None:
         """Start the slot's worker, apply what it sends, and start it again if it dies."""
@@ -265,7 +265,6 @@ async def supervising(
     metrics = metrics_for(settings, registry)
     provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
     meters = build_meter_provider(env) if meter_provider is None else meter_provider
-    upstream = upstream_url(settings.upstream)
     telemetry = telemetry_for(settings, provider)  # replay() only: the workers start spans and sample
     base = getattr(telemetry.tracer, "resource", None)
     workers = []
@@ -277,9 +276,7 @@ async def supervising(
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
     genai = None
     if meters is not None:  # the group's OTLP metrics, recorded and exported here, off the serving loops
-        genai = GenAIMetrics(
-            meters, server_address=upstream.host or "", server_port=upstream.port or 0, models=metrics.models
-        )
+        genai = genai_metrics_for(settings, meters, metrics.models)
         observers.append(genai)
     live = None
     if settings.ui:  # the group's live view, fed every worker's records

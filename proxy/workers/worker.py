@@ -44,18 +44,18 @@ class Shipper:
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.in_flight = Gauge(
-            "taotrace_in_flight_requests", "Requests being forwarded now.", ("api",), registry=Registry()
+            "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=Registry()
         )
         self._pending: list[RequestRecord] = []
-        self._sent_gauge: dict[str, float] = {}
+        self._sent_gauge: dict[tuple[str, ...], float] = {}
 
     def record(self, rec: RequestRecord) -> None:
         if not self._pending:
             asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
         self._pending.append(rec)
 
-    def _gauge(self) -> dict[str, float]:
-        return {key[0]: child.value for key, child in list(self.in_flight.children.items())}
+    def _gauge(self) -> dict[tuple[str, ...], float]:
+        return {key: child.value for key, child in list(self.in_flight.children.items())}
 
     def flush(self) -> None:
         records, self._pending = self._pending, []

@@ -99,7 +99,13 @@ async def test_cut_mid_stream_aborts_the_client_and_is_recorded(
     (span,) = [s for s in p.spans() if s.name.startswith("chat")]
     assert span.attributes["error.type"] == "stream_cut"
     assert span.status.status_code.name == "ERROR"
-    labels = {"api": "chat_completions", "model": "gpt-4o-mini", "status_code": "200", "error_type": "stream_cut"}
+    labels = {
+        "upstream": "127.0.0.1",
+        "api": "chat_completions",
+        "model": "gpt-4o-mini",
+        "status_code": "200",
+        "error_type": "stream_cut",
+    }
     assert sample(registry, "taotrace_requests_total", **labels) == 1
 
 
@@ -310,7 +316,7 @@ async def test_client_disconnects_reach_the_upstream_and_leak_nothing(
                 await asyncio.sleep(0.01)
         await asyncio.sleep(0.3)
         lags = [noticed_at[r] - closed_at[r] for r in closed_at]
-        in_flight = sample(registry, "taotrace_in_flight_requests", api="chat_completions")
+        in_flight = sample(registry, "taotrace_in_flight_requests", upstream="127.0.0.1", api="chat_completions")
         fds1, tasks1 = open_fds(), live_tasks()
     assert len(lags) == reps
     assert max(lags) < 1.0, max(lags)

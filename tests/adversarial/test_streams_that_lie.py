@@ -131,7 +131,13 @@ async def test_odd_request_bodies_are_forwarded_and_telemetry_degrades(
     assert rec.error_type == ""
     assert rec.model is None or name in ("stream-a-string", "stream-a-number")
     if rec.model is None:
-        labels = {"api": "chat_completions", "model": "unknown", "status_code": "200", "error_type": ""}
+        labels = {
+            "upstream": "127.0.0.1",
+            "api": "chat_completions",
+            "model": "unknown",
+            "status_code": "200",
+            "error_type": "",
+        }
         assert sample(registry, "taotrace_requests_total", **labels) == 1
 
 
@@ -139,5 +145,5 @@ async def test_other_paths_are_forwarded_and_counted_as_other(proxy, upstream: F
     async with client.put(proxy.url + "/v2/some/thing?x=1", data=b"\x00\x01binary") as resp:
         assert resp.status == 200
     assert upstream.seen[0].body == b"\x00\x01binary"
-    labels = {"api": "other", "model": "unknown", "status_code": "200", "error_type": ""}
+    labels = {"upstream": "127.0.0.1", "api": "other", "model": "unknown", "status_code": "200", "error_type": ""}
     assert sample(registry, "taotrace_requests_total", **labels) == 1
