@@ -39,6 +39,9 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "doctor", "check key -> network -> auth -> model -> stream parsing", "proxy.tools.doctor", "DoctorSettings"
     ),
+    Command(
+        "compare", "which of two base URLs is faster for the same prompts", "proxy.tools.compare", "CompareSettings"
+    ),
     Command("sim", "the simulated upstream alone", "proxy.sim", "SimSettings"),
 )
 

@@ -60,6 +60,7 @@ MAX_BODY_COPY = 4 << 20  # a non-streaming body is kept (for its usage) up to th
 MAX_ERROR_COPY = 64 << 10
 HIGH_WATER = 256 << 10  # client send buffer above this: stop reading the upstream until it drains
 LOW_WATER = 64 << 10
+RING_CONTENT_LIMIT = 64 << 10  # captured input kept on a record (the live view's ring holds 1,000 of them)
 DRAIN_POLL = 0.005
 
 
@@ -476,6 +477,9 @@ class Forwarder:
             cost=self._cost(info.model, response_model, usage, source),
             tcp=x.tcp(),
             span=self.telemetry.span_start(x.span, sampling, text) if self.telemetry.ship else None,
+            input_content=info.content
+            if info.content is not None and len(info.content) <= RING_CONTENT_LIMIT
+            else None,
         )
         self.metrics.record(record)
         self.telemetry.finish(x.span, record, text)

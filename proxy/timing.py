@@ -104,6 +104,9 @@ class RequestRecord:
     # --mirror: the id both records of a pair share, and whether this is the mirror's copy
     pair_id: str | None = field(default=None, kw_only=True)
     mirror: bool = field(default=False, kw_only=True)
+    # The request's messages as JSON, only with --capture-content (None above RING_CONTENT_LIMIT):
+    # the live view shows it, and `taotrace compare --from-live` replays it.
+    input_content: str | None = field(default=None, kw_only=True)
 
     @property
     def server_wait(self) -> float | None:

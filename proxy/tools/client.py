@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,9 @@ class Call:
     prompt: str
     max_tokens: int
     params: Mapping[str, Any] = field(default_factory=dict)
+    # The turns to send instead of `prompt` as one user turn (chat, messages; responses' `input`);
+    # a system text goes in `params` the dialect's way (`system`, `instructions`).
+    messages: Sequence[Mapping[str, Any]] = ()
 
 
 def request_for(call: Call) -> tuple[str, dict[str, Any]]:
@@ -89,8 +92,9 @@ def request_for(call: Call) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {k: v for k, v in call.params.items() if k not in ("stream", "stream_options", "model")}
     body["model"] = call.model
     body["stream"] = True
+    turns = list(call.messages) or [{"role": "user", "content": call.prompt}]
     if call.api == API_CHAT:
-        body["messages"] = [{"role": "user", "content": call.prompt}]
+        body["messages"] = turns
         body.setdefault("max_tokens", call.max_tokens)
         body["stream_options"] = {"include_usage": True}
     elif call.api == API_COMPLETIONS:
@@ -98,11 +102,11 @@ def request_for(call: Call) -> tuple[str, dict[str, Any]]:
         body.setdefault("max_tokens", call.max_tokens)
         body["stream_options"] = {"include_usage": True}
     elif call.api == API_RESPONSES:
-        body["input"] = call.prompt
+        body["input"] = turns if call.messages else call.prompt
         body.pop("max_tokens", None)
         body.setdefault("max_output_tokens", call.max_tokens)
     else:
-        body["messages"] = [{"role": "user", "content": call.prompt}]
+        body["messages"] = turns
         body.setdefault("max_tokens", call.max_tokens)
     if call.api != API_CHAT:
         body.pop("max_completion_tokens", None)
