@@ -254,8 +254,10 @@ async def _live(settings: CompareSettings) -> list[Prompt]:
         return await live_prompts(session, str(settings.from_live), token, settings.live_prompts)
 
 
-def run(settings: CompareSettings, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """The `taotrace compare` command."""
+def run(settings: CompareSettings, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """The `taotrace compare` command (stdout and stderr unless told otherwise)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     try:
         sides = sides_from(settings, os.environ)
         prompts = load_prompts(settings)

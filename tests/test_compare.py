@@ -1,0 +1,403 @@
+"""`taotrace compare`: the statistics (seeded), the order of requests, the prompts file and its
+errors, the live view's captured input, and two real simulators with different physics, driven
+through the command line (pure JSON on stdout, an SVG, Ctrl-C, keys never shown)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import random
+import signal
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.cli import main
+from proxy.sim import SimRunning, SimSettings, running
+from proxy.tools.client import request_for
+from proxy.tools.compare import CompareSettings, Progress, compare, sides_from
+from proxy.tools.compare_live import LiveError, live_prompts
+from proxy.tools.compare_plan import Sample, schedule
+from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
+from proxy.tools.compare_report import TargetInfo, result, text
+from proxy.tools.compare_stats import paired_difference, percentile
+from tests.conftest import ProxyFactory
+from tests.fakes import chat_stream, stream_handler
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "sk-compare-secret-0f3a9c"
+SVG_NS = "{http://www.w3.org/2000/svg}"
+
+# --- the statistics ------------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == 2.5
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
+    assert percentile([7.0], 95) == 7.0
+    assert percentile(list(map(float, range(101))), 95) == 95.0
+
+
+def test_a_constant_shift_is_found_exactly_and_is_significant() -> None:
+    rng = random.Random(1)
+    a = [rng.uniform(0.05, 0.5) for _ in range(40)]
+    d = paired_difference([(x, x + 0.02) for x in a], random.Random(7))
+    assert d is not None and d.pairs == 40
+    assert d.diff == pytest.approx(0.02) and d.low == pytest.approx(0.02) and d.high == pytest.approx(0.02)
+    assert d.significant
+
+
+def test_bootstrap_interval_holds_the_true_ratio_and_is_reproducible() -> None:
+    rng = random.Random(3)
+    pairs = []
+    for _ in range(60):
+        base = rng.lognormvariate(-3.0, 0.3)  # ~50 ms, B half of A, each with its own noise
+        pairs.append((base * rng.uniform(0.9, 1.1), 0.5 * base * rng.uniform(0.9, 1.1)))
+    first = paired_difference(pairs, random.Random(11))
+    again = paired_difference(pairs, random.Random(11))
+    assert first == again  # a seeded RNG: the same interval every time
+    assert first is not None and first.significant and first.high < 0
+    assert first.low <= first.diff <= first.high
+    assert first.ratio is not None and 0.4 < first.ratio < 0.6
+
+
+def test_the_same_distribution_gives_no_significant_difference() -> None:
+    rng = random.Random(5)
+    pairs = [(rng.gauss(0.1, 0.01), rng.gauss(0.1, 0.01)) for _ in range(50)]
+    d = paired_difference(pairs, random.Random(2))
+    assert d is not None and not d.significant and d.low < 0 < d.high
+    assert paired_difference([], random.Random(0)) is None
+
+
+# --- the order of requests -----------------------------------------------------------------------
+
+
+def test_alternate_order_is_abba_and_every_pair_is_complete() -> None:
+    steps = schedule(prompts=3, rounds=2, order="alternate", rng=random.Random(0))
+    assert "".join("AB"[s.target] for s in steps) == "ABBAABBAABBA"
+    assert [(s.round, s.prompt) for s in steps[::2]] == [(r, p) for r in range(2) for p in range(3)]
+    assert all({steps[i].target, steps[i + 1].target} == {0, 1} for i in range(0, len(steps), 2))
+
+
+def test_random_order_is_seeded_and_balanced() -> None:
+    one = schedule(prompts=10, rounds=10, order="random", rng=random.Random(4))
+    two = schedule(prompts=10, rounds=10, order="random", rng=random.Random(4))
+    assert one == two
+    firsts = sum(1 for s in one[::2] if s.target == 0)
+    assert 30 < firsts < 70  # 100 fair coin flips
+    assert all({one[i].target, one[i + 1].target} == {0, 1} for i in range(0, len(one), 2))
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+def test_every_documented_jsonl_shape_is_read() -> None:
+    lines = [
+        {"prompt": "Explain TCP slow start."},
+        {"name": "chatty", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+        {
+            "system": [{"type": "text", "text": "Sys"}],
+            "messages": [{"role": "user", "content": "Hey"}],
+            "max_tokens": 9,
+        },
+        {"input": "Plain input"},
+        {"input": [{"role": "developer", "content": "Dev"}, {"role": "user", "content": "In"}]},
+    ]
+    prompts = parse_jsonl("\n".join(json.dumps(x) for x in lines[:2]) + "\n\n" + "\n".join(
+        json.dumps(x) for x in lines[2:]), "p.jsonl")  # fmt: skip
+    assert [p.name for p in prompts] == ["line-1", "chatty", "line-4", "line-5", "line-6"]
+    assert prompts[0].turns == ({"role": "user", "content": "Explain TCP slow start."},) and prompts[0].system is None
+    assert prompts[1].system == "Be brief." and prompts[1].turns == ({"role": "user", "content": "Hi"},)
+    assert prompts[2].system == "Sys" and prompts[2].max_tokens == 9
+    assert prompts[4].system == "Dev" and prompts[4].turns == ({"role": "user", "content": "In"},)
+
+
+@pytest.mark.parametrize(
+    "line,words",
+    [
+        ("{not json", "line 2: not JSON"),
+        ('["a list"]', "line 2: expected a JSON object"),
+        ('{"promt": "typo"}', "line 2: unknown key 'promt'"),
+        ('{"name": "x"}', "line 2: needs exactly one of 'prompt', 'messages' or 'input'"),
+        ('{"prompt": "a", "messages": []}', "line 2: needs exactly one"),
+        ('{"prompt": "   "}', "line 2: 'prompt' is empty"),
+        ('{"messages": []}', "line 2: 'messages' must be a non-empty list"),
+        ('{"messages": [{"content": "no role"}]}', "line 2: messages[0] must be an object with 'role' and 'content'"),
+        ('{"messages": [{"role": "system", "content": "only"}]}', "line 2: 'messages' has no turn besides"),
+        ('{"prompt": "a", "max_tokens": 0}', "line 2: 'max_tokens' must be a positive integer"),
+        ('{"prompt": "a", "max_tokens": true}', "line 2: 'max_tokens' must be a positive integer"),
+    ],
+)
+def test_bad_jsonl_says_which_line_and_what(line: str, words: str) -> None:
+    with pytest.raises(PromptError) as caught:
+        parse_jsonl('{"prompt": "fine"}\n' + line + "\n", "mine.jsonl")
+    assert str(caught.value).startswith("mine.jsonl line 2: ") and words in str(caught.value)
+
+
+def test_an_empty_file_is_an_error() -> None:
+    with pytest.raises(PromptError, match="no prompts"):
+        parse_jsonl("\n  \n", "empty.jsonl")
+
+
+def test_each_dialect_gets_the_system_text_its_own_way() -> None:
+    p = Prompt("p", ({"role": "user", "content": "Hi"},), system="Sys", max_tokens=7)
+    chat = request_for(call_for(p, "chat_completions", "m", 64, {}))[1]
+    assert chat["messages"] == [{"role": "system", "content": "Sys"}, {"role": "user", "content": "Hi"}]
+    assert chat["max_tokens"] == 7  # the prompt's own cap wins
+    messages = request_for(call_for(p, "messages", "m", 64, {}))[1]
+    assert messages["system"] == "Sys" and messages["messages"] == [{"role": "user", "content": "Hi"}]
+    responses = request_for(call_for(p, "responses", "m", 64, {}))[1]
+    assert responses["instructions"] == "Sys" and responses["input"] == [{"role": "user", "content": "Hi"}]
+    completions = request_for(call_for(p, "completions", "m", 64, {}))[1]
+    assert completions["prompt"] == "Sys\n\nHi"
+
+
+def test_the_builtin_set_has_short_and_long_prompts() -> None:
+    sizes = [len(str(p.turns[-1]["content"])) for p in BUILTIN_PROMPTS]
+    assert min(sizes) < 100 and max(sizes) > 5000
+    assert len({p.name for p in BUILTIN_PROMPTS}) == len(BUILTIN_PROMPTS)
+
+
+# --- settings --------------------------------------------------------------------------------------
+
+
+def test_targets_models_and_keys() -> None:
+    env = {"KEY_A": "ka", "KEY_B": "kb", "TAOTOKEN_API_KEY": "default"}
+    s = CompareSettings(
+        base_url=["http://a.test/v1", "http://b.test/v1/"], model="m", model_b="mb", key_env=["KEY_A", "KEY_B"]
+    )
+    a, b = sides_from(s, env)
+    assert (a.base_url, a.model, a.api_key) == ("http://a.test/v1", "m", "ka")
+    assert (b.base_url, b.model, b.api_key) == ("http://b.test/v1", "mb", "kb")
+    assert "ka" not in repr(a) and "kb" not in repr(b)
+    one = sides_from(CompareSettings(base_url=["http://a.test/v1,http://b.test/v1"], key_env=["KEY_B"]), env)
+    assert [x.api_key for x in one] == ["kb", "kb"]
+    assert [x.api_key for x in sides_from(CompareSettings(base_url=["http://a.test", "http://b.test"]), env)] == [
+        "default", "default"]  # fmt: skip
+    with pytest.raises(ValueError, match="give two targets"):
+        sides_from(CompareSettings(base_url=["http://a.test/v1"]), env)
+    with pytest.raises(ValueError, match=r"\$NOPE is not set"):
+        sides_from(CompareSettings(base_url=["http://a.test", "http://b.test"], key_env=["NOPE"]), env)
+
+
+def test_progress_redraws_one_line_on_a_terminal_and_prints_lines_otherwise() -> None:
+    from proxy.tools.client import Measurement
+    from proxy.tools.compare_plan import Step
+
+    m = Measurement("chat_completions", "m", 200, 0.01, 0.02, 0.1, 5, "reported", 0.01, 50.0, 5, 7, 0, True, True)
+    tty, plain = io.StringIO(), io.StringIO()
+    for stream, is_tty in ((tty, True), (plain, False)):
+        progress = Progress(stream, is_tty)
+        progress(1, 4, Sample(Step(0, 0, 0), m), "short")
+        progress(2, 4, Sample(Step(0, 0, 1), m), "short")
+        progress.done()
+    assert tty.getvalue().count("\r\x1b[K") == 3 and "\n" not in tty.getvalue()
+    assert plain.getvalue().splitlines() == [
+        "compare 1/4: A short round 1: TTFT 20.0 ms",
+        "compare 2/4: B short round 1: TTFT 20.0 ms",
+    ]
+
+
+# --- two simulators with different physics ---------------------------------------------------------
+
+SLOW_SCALE, FAST_SCALE = 1.0, 0.5  # every simulated duration of A twice B's
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[tuple[SimRunning, SimRunning]]:
+    async with running(SimSettings(port=0, time_scale=SLOW_SCALE, require_key=True, api_keys=[SECRET])) as slow:
+        async with running(SimSettings(port=0, time_scale=FAST_SCALE, require_key=True, api_keys=[SECRET])) as fast:
+            yield slow, fast
+
+
+PROMPTS = [
+    Prompt("one", ({"role": "user", "content": "Name three prime numbers."},)),
+    Prompt("two", ({"role": "user", "content": "Why is the sky blue? " * 40},), system="Be brief."),
+    Prompt("three", ({"role": "user", "content": "Count to five."},)),
+]
+
+
+async def test_compare_finds_the_faster_simulator_and_the_size_of_the_difference(
+    sims: tuple[SimRunning, SimRunning],
+) -> None:
+    slow, fast = sims
+    settings = CompareSettings(base_url=[slow.base_url, fast.base_url], runs=3, max_tokens=8, key_env=["K"])
+    sides = sides_from(settings, {"K": SECRET})
+    samples: list[Sample] = []
+    assert await compare(settings, sides, PROMPTS, samples) is None
+    doc = result(
+        targets=[TargetInfo(s.base_url, s.model) for s in sides], api="chat_completions", prompts=PROMPTS, rounds=3,
+        order="alternate", samples=samples, planned=18, interrupted=False, rng=random.Random(0),
+    )  # fmt: skip
+    assert doc["completed"] == 18 and doc["failed"] == {"A": 0, "B": 0}
+    for key in ("ttft_s", "tpot_s", "tokens_per_s"):
+        d = doc["differences"][key]
+        assert d["pairs"] == 9 and d["significant"] and d["faster"] == "B", (key, d)
+    # B's durations are half A's: loaded-machine noise adds to both, so a broad band around 2x
+    assert 1.4 < 1 / doc["differences"]["ttft_s"]["ratio"] < 2.8
+    assert 1.4 < 1 / doc["differences"]["tpot_s"]["ratio"] < 2.8
+    assert 1.4 < doc["differences"]["tokens_per_s"]["ratio"] < 2.8
+    report = text(doc)
+    assert "TTFT: B is faster (A " in report and "TPOT: B is faster" in report
+    assert [r["prompt"] for r in doc["per_prompt"]] == ["one", "two", "three"]
+    if sys.platform.startswith("linux"):  # the kernel's round trip: the network's share of the TTFT
+        assert doc["summary"]["A"]["network_s"]["n"] == 9 and doc["summary"]["B"]["server_wait_s"]["n"] == 9
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TAOTRACE_") and k != "TAOTOKEN_API_KEY"}
+    return {**env, "PYTHONPATH": str(ROOT), **extra}
+
+
+async def _cli(*args: str, env: dict[str, str], stop_after: str | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "compare", *args, env=env, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    err = b""
+    if stop_after is not None:
+        while stop_after.encode() not in err:
+            line = await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert line, err.decode()
+            err += line
+        proc.send_signal(signal.SIGINT)
+    out, rest = await asyncio.wait_for(proc.communicate(), 120)
+    return await proc.wait(), out.decode(), (err + rest).decode()
+
+
+async def test_json_is_pure_json_on_stdout_and_the_plot_is_svg(
+    sims: tuple[SimRunning, SimRunning], tmp_path: Path
+) -> None:
+    slow, fast = sims
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"name": p.name, "messages": list(p.turns)}) for p in PROMPTS[:2]) + "\n", "utf-8"
+    )
+    plot = tmp_path / "out.svg"
+    code, out, err = await _cli(
+        "--base-url", slow.base_url, "--base-url", fast.base_url, "--prompts", str(prompts), "--runs", "2",
+        "--max-tokens", "4", "--json", "--plot", str(plot), "--key-env", "MY_KEY", env=_env(MY_KEY=SECRET),
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)  # the whole of stdout
+    assert doc["completed"] == 8 and doc["prompts"] == ["one", "two"] and len(doc["measurements"]) == 8
+    assert [t["label"] for t in doc["targets"]] == ["A", "B"]
+    assert err.count("compare ") == 8 and "compare 8/8: " in err  # progress: plain lines, on stderr
+    assert SECRET not in out + err
+    root = ET.fromstring(plot.read_text("utf-8"))  # well-formed XML
+    assert root.tag == SVG_NS + "svg"
+    dots = [c for c in root.iter(SVG_NS + "circle") if c.find(SVG_NS + "title") is not None]
+    with_tpot = sum(1 for m in doc["measurements"] if m["tpot_s"] is not None)
+    assert len(dots) == 8 + with_tpot
+    assert SECRET not in plot.read_text("utf-8")
+
+
+async def test_a_wrong_key_fails_the_warm_up_without_showing_the_key(sims: tuple[SimRunning, SimRunning]) -> None:
+    slow, fast = sims
+    wrong = "sk-wrong-key-77aa41"
+    code, out, err = await _cli(
+        "--base-url", slow.base_url, "--base-url", fast.base_url, "--runs", "1", env=_env(TAOTRACE_API_KEY=wrong)
+    )  # fmt: skip
+    assert code == 1 and out == ""
+    assert "A (" in err and "failed its warm-up request: HTTP 401" in err
+    assert wrong not in err and SECRET not in err
+
+
+async def test_ctrl_c_prints_what_was_measured_and_exits_130(sims: tuple[SimRunning, SimRunning]) -> None:
+    slow, fast = sims
+    code, out, err = await _cli(
+        "--base-url", slow.base_url, "--base-url", fast.base_url, "--runs", "50", "--max-tokens", "4",
+        env=_env(TAOTRACE_API_KEY=SECRET), stop_after="compare 4/",
+    )  # fmt: skip
+    assert code == 130, err
+    assert "Traceback" not in err
+    assert out.startswith("compare 5 prompts x 50 runs")
+    assert "interrupted: measured " in out and " of 500 requests" in out
+    measured = int(out.split("interrupted: measured ")[1].split()[0])
+    assert 4 <= measured < 500
+    assert "TTFT" in out
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--base-url", "http://127.0.0.1:9/v1"], "give two targets"),
+        (["--base-url", "http://a.test,http://b.test", "--prompts", "x", "--from-live", "http://c.test"], "give one"),
+        (["--base-url", "http://a.test,http://b.test/v1/chat/completions"], "endpoint path"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TAOTRACE_BASE_URL", raising=False)
+    assert main(["compare", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_prompts_file_is_one_clear_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"prompt": 3}\n', "utf-8")
+    assert main(["compare", "--base-url", "http://a.test,http://b.test", "--prompts", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"taotrace compare: error: {bad} line 2: 'prompt' must be a string"
+    assert main(["compare", "--base-url", "http://a.test,http://b.test", "--prompts", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read --prompts" in err and "No such file" in err
+
+
+# --- prompts from a running proxy's live view ------------------------------------------------------
+
+
+async def _send(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with client.post(url, json=body) as response:
+        assert response.status == 200
+        await response.read()
+
+
+async def test_from_live_reads_the_captured_input_of_recent_requests(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy(capture_content=True, ui_token="ui-secret") as p:
+        p.serve(stream_handler(chat_stream(3)))
+        chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is RTT?"}]
+        await _send(client, p.url + "/v1/chat/completions", {"model": "m", "stream": True, "messages": chat})
+        await _send(client, p.url + "/v1/chat/completions", {"model": "m", "stream": True, "messages": chat})  # same
+        await _send(client, p.url + "/v1/messages", {
+            "model": "m", "stream": True, "max_tokens": 5, "system": "Sys", "messages": [{"role": "user", "content": "Hi"}]
+        })  # fmt: skip
+        await p.settled(3)
+        async with aiohttp.ClientSession() as session:
+            prompts = await live_prompts(session, p.metrics_url, "ui-secret", 10)
+            with pytest.raises(LiveError, match="--ui-token"):
+                await live_prompts(session, p.metrics_url, "wrong", 10)
+    assert len(prompts) == 2  # the repeated input once, newest first
+    assert prompts[0].system == "Sys" and prompts[0].turns == ({"role": "user", "content": "Hi"},)
+    assert prompts[1].system == "Be brief." and prompts[1].turns == ({"role": "user", "content": "What is RTT?"},)
+    assert all(p.name.startswith("live-") for p in prompts)
+
+
+async def test_without_capture_the_live_view_holds_no_input(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy() as p:
+        p.serve(stream_handler(chat_stream(3)))
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "private words"}]}
+        await _send(client, p.url + "/v1/chat/completions", body)
+        await p.settled(1)
+        async with client.get(p.metrics_url + "/api/requests") as response:
+            rows = (await response.json())["requests"]
+        async with client.get(p.metrics_url + f"/api/requests/{rows[0]['id']}") as response:
+            assert "private words" not in await response.text()
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(LiveError, match="--capture-content"):
+                await live_prompts(session, p.metrics_url, None, 10)
