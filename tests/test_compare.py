@@ -77,6 +77,14 @@ def test_the_same_distribution_gives_no_significant_difference() -> None:
     assert paired_difference([], random.Random(0)) is None
 
 
+def test_fewer_resamples_for_many_pairs_and_none_for_one() -> None:
+    assert paired_difference([(0.1, 0.2)] * 20, random.Random(0)).resamples == 2000  # type: ignore[union-attr]
+    many = paired_difference([(0.1, 0.2)] * 2000, random.Random(0))
+    assert many is not None and many.resamples == 500 and many.diff == pytest.approx(0.1)
+    one = paired_difference([(0.1, 0.3)], random.Random(0))
+    assert one is not None and one.diff == pytest.approx(0.2) and one.low == one.high == pytest.approx(0.2)
+
+
 # --- the order of requests -----------------------------------------------------------------------
 
 
@@ -401,3 +409,14 @@ async def test_without_capture_the_live_view_holds_no_input(
         async with aiohttp.ClientSession() as session:
             with pytest.raises(LiveError, match="--capture-content"):
                 await live_prompts(session, p.metrics_url, None, 10)
+
+
+def test_the_documented_prompts_file_and_its_error_are_real() -> None:
+    page = (ROOT / "docs" / "compare.md").read_text()
+    block = page.split("```jsonl\n", 1)[1].split("```", 1)[0]
+    assert [p.name for p in parse_jsonl(block, "prompts.jsonl")] == ["line-1", "support", "line-3", "line-4"]
+    lines = block.splitlines()
+    lines[2] = lines[2].replace('"system"', '"promt"', 1)
+    with pytest.raises(PromptError) as caught:
+        parse_jsonl("\n".join(lines), "prompts.jsonl")
+    assert f"taotrace compare: error: {caught.value}\n" in page

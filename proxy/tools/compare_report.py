@@ -47,6 +47,7 @@ def _difference(diff: Difference | None, metric: Metric) -> dict[str, Any] | Non
         "ci_low": diff.low,
         "ci_high": diff.high,
         "level": diff.level,
+        "resamples": diff.resamples,
         "significant": diff.significant,
         "faster": faster,
         "ratio": diff.ratio,
@@ -207,4 +208,4 @@ def text(doc: dict[str, Any]) -> str:
         lines.append(f"failed: A {failed['A']}, B {failed['B']} requests; first: {doc['first_error']}")
     if doc["interrupted"]:
         lines.append(f"interrupted: measured {doc['completed']} of {doc['planned']} requests")
-    return "\n".join(lines) + "\n"
+    return "\n".join(line.rstrip() for line in lines) + "\n"
