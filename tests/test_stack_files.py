@@ -301,7 +301,7 @@ def test_dashboard_structure(path: Path) -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["current"]["value"] in datasources()
-    for name in ("api", "model"):
+    for name in ("upstream", "api", "model"):
         var = variables[name]
         assert var["includeAll"] and var["multi"] and var["allValue"] == ".*"
         assert "taotrace_requests_total" in var["definition"]
@@ -334,7 +334,7 @@ def test_dashboard_queries_use_only_real_series_and_rate_interval(path: Path) ->
         for name, labels in matched_labels(expr):
             assert labels <= series[name] | ANY_LABEL, f"{panel['title']}: {name} has no label {labels - series[name]}"
         labelled = set().union(*(series[name] for name in raw))
-        for var in ("api", "model"):
+        for var in ("upstream", "api", "model"):
             if var in labelled:
                 assert f'{var}=~"${var}"' in expr, f"{panel['title']} ignores ${var}"
 
