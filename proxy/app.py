@@ -21,6 +21,7 @@ from proxy.accounting.config import Accounting
 from proxy.envproxy import forward_proxy_for
 from proxy.forward import Forwarder, Observer, Upstream
 from proxy.hints import DoubledPrefix
+from proxy.inflight import InFlightRequests
 from proxy.routes import Route, Router, routes_for
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
@@ -39,6 +40,7 @@ class ServerState:
 
     draining: bool = False
     in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
+    requests: InFlightRequests = field(default_factory=InFlightRequests)  # what they are doing, for the live view
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -94,6 +96,7 @@ def create_proxy_app(
         server_timing=settings.server_timing,
         attributor=accounting.attributor if accounting is not None else None,
         prices=accounting.prices if accounting is not None else None,
+        running=state.requests if settings.ui else None,  # without the view, not even a set add
     )
     app.cleanup_ctx.append(pool_ctx)
     forward = forwarder.handle

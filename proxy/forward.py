@@ -41,6 +41,7 @@ from proxy.dialects import (
 )
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
+from proxy.inflight import InFlight, InFlightRequests
 from proxy.routes import Route, Router
 from proxy.sse import SSEDecoder
 from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
@@ -197,6 +198,42 @@ class _Exchange:
         self.relay: _Relay | None = None
         self.tcp_end: TcpInfo | None = None  # the upstream connection's TCP_INFO as the request ended
 
+    def in_flight(self, now: float, wall: float, gaps: bool) -> InFlight:
+        """What is known so far, read from the phase clock and the relay (the live view, on poll)."""
+        phase, relay, upstream, info = self.phase, self.relay, self.upstream, self.info
+        t0 = phase.t0
+        streaming = info.stream or (relay is not None and relay.decoder is not None)
+        if phase.tokens:
+            reached = "decode"
+        elif phase.t_headers is None:
+            reached = "network" if phase.t_sent is None else "headers"
+        else:
+            reached = "prefill_wait" if streaming else "response"
+        trace_id = Telemetry.trace_id(self.span)
+        written = relay.t_written if relay is not None else None
+        return InFlight(
+            id=trace_id or f"live-{id(self):x}",
+            trace_id=trace_id,
+            api=info.api,
+            operation=info.operation,
+            model=info.model,
+            method=self.method,
+            stream=streaming,
+            upstream=self.route.name,
+            started=wall - (now - t0),
+            elapsed=now - t0,
+            phase=reached,
+            status=upstream.status if upstream is not None else None,
+            network=None if phase.t_sent is None else phase.t_sent - t0,
+            time_to_headers=None if phase.t_headers is None else phase.t_headers - t0,
+            ttfb=None if phase.t_first_byte is None else phase.t_first_byte - t0,
+            ttft=None if phase.t_first is None else phase.t_first - t0,
+            last_token=None if phase.t_last is None else phase.t_last - t0,
+            last_byte=None if written is None else written - t0,
+            output_tokens=phase.tokens,
+            gaps=phase.gaps() if gaps else (),
+        )
+
     def cancelled(self, *, draining: bool) -> None:
         """The handler was cancelled: the client left, or the drain deadline passed."""
         relay, upstream = self.relay, self.upstream
@@ -263,6 +300,7 @@ class Forwarder:
         attributor: Attributor | None = None,
         prices: PriceTable | None = None,
         wall_clock: Clock = time.time,
+        running: InFlightRequests | None = None,
     ) -> None:
         self.router = router
         self.telemetry = telemetry
@@ -277,6 +315,7 @@ class Forwarder:
         self.prices = prices
         self.wall_clock = wall_clock  # epoch seconds: rate-limit resets given as dates
         self.body_user = attributor is not None and attributor.body_user
+        self.running = running  # the live view reads what runs from here, when it polls
 
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
@@ -311,6 +350,9 @@ class Forwarder:
             log.exception("could not start the request span")
             span = INVALID_SPAN
         x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers, up.route)
+        running = self.running
+        if running is not None:
+            running.add(x)
         try:
             return await self._forward(request, x, up.pool, target, body)
         except asyncio.CancelledError:
@@ -319,6 +361,8 @@ class Forwarder:
         finally:
             x.release_upstream()
             gauge.dec()
+            if running is not None:
+                running.discard(x)
             try:
                 self._finish(x)
             except Exception:  # telemetry must never break a request
@@ -449,7 +493,8 @@ class Forwarder:
             source = "reported"  # a whole body's usage, e.g. embeddings (input tokens only)
         else:
             source = "none"
-        timing = phase.finish(t_end, usage.output_tokens, streaming=streaming)
+        last_byte = relay.t_written if relay is not None else None
+        timing = phase.finish(t_end, usage.output_tokens, streaming=streaming, last_byte=last_byte)
         sampling = self.telemetry.decide(x.span, error_type, timing)
         response_model = reader.response_model if reader is not None else None
         text = reader.text if reader is not None else None

@@ -164,7 +164,10 @@ async def running(
     live = None
     if settings.ui and not worker:  # a worker's records reach the supervisor's live view instead
         live = LiveView(
-            settings.ui_requests, in_flight=lambda: len(state.in_flight), capture_content=settings.capture_content
+            settings.ui_requests,
+            in_flight=lambda: len(state.in_flight),
+            active=state.requests.ask,
+            capture_content=settings.capture_content,
         )
         observers.append(live.observe)
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)

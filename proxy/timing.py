@@ -54,6 +54,7 @@ class RequestTiming:
     # The proxy's own time: head arrival -> request written upstream, minus pool wait, DNS and connect
     overhead_request: float | None = None
     relay: tuple[float, ...] = ()  # per upstream read: handed to us -> written to the client socket
+    time_to_last_byte: float | None = None  # the last body bytes written to the client: where a cut stream broke
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,8 +184,15 @@ class PhaseClock:
             self._chunk_gaps.append(t - self.t_last_chunk)
         self.t_last_chunk = t
 
-    def finish(self, t_end: float, output_tokens: int | None = None, streaming: bool = True) -> RequestTiming:
-        """Freeze the phases. `output_tokens` is the reported count when there is one."""
+    def gaps(self) -> tuple[float, ...]:
+        """The inter-token gaps so far (a copy: the live view reads a stream still running)."""
+        return tuple(self._gaps)
+
+    def finish(
+        self, t_end: float, output_tokens: int | None = None, streaming: bool = True, last_byte: float | None = None
+    ) -> RequestTiming:
+        """Freeze the phases. `output_tokens` is the reported count when there is one;
+        `last_byte`, when the last body bytes were written to the client."""
         t0 = self.t0
         first, last = (self.t_first, self.t_last) if streaming else (None, None)
         tpot = None
@@ -215,6 +223,7 @@ class PhaseClock:
             chunk_gaps=tuple(self._chunk_gaps) if streaming else (),
             overhead_request=None if self.t_sent is None else self.t_sent_overhead(),
             relay=tuple(self.relay),
+            time_to_last_byte=None if last_byte is None else last_byte - t0,
         )
 
     def t_sent_overhead(self) -> float:

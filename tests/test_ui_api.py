@@ -6,15 +6,17 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from proxy.settings import Settings
 from proxy.workers.supervisor import supervising
 from tests.conftest import Proxied, ProxyFactory
-from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
+from tests.fakes import FakeUpstream, Handler, chat_stream, json_handler, stream_handler
 
 SECRET_KEY = "sk-live-view-must-never-show-this"
 COOKIE = "session=cookie-value-must-never-show"
@@ -203,3 +205,120 @@ async def test_with_workers_the_supervisor_shows_every_workers_requests(
         assert status == 200 and body["size"] == 6 and {r["output_tokens"] for r in body["requests"]} == {3}
         status, summary = await _get(client, group.metrics_url + "/api/summary")
         assert summary["requests"] == 6 and summary["in_flight"] == 0
+
+
+def _held_stream(head: asyncio.Event, first: asyncio.Event, rest: asyncio.Event) -> Handler:
+    """A stream that advances only when the test says: its head, one token, then the rest."""
+    frames = chat_stream(4)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        await head.wait()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await first.wait()
+        for frame in frames[:2]:  # the role-only chunk, then one token
+            await response.write(frame)
+        await rest.wait()
+        for frame in frames[2:]:
+            await response.write(frame)
+        await response.write_eof()
+        return response
+
+    return handler
+
+
+async def _running_until(
+    client: aiohttp.ClientSession, url: str, ok: Callable[[list[dict[str, Any]]], bool]
+) -> dict[str, Any]:
+    deadline = time.monotonic() + 15
+    while True:
+        status, body = await _get(client, url + "/api/requests")
+        assert status == 200
+        if ok(body["in_flight"]):
+            return dict(body)
+        assert time.monotonic() < deadline, body["in_flight"]
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
+@pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)
+async def test_a_running_request_shows_its_phase_then_becomes_a_finished_row(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    head, first, rest = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    async with start_proxy() as p:
+        p.serve(_held_stream(head, first, rest))
+        url = p.metrics_url
+
+        async def call() -> bytes:
+            async with client.post(
+                p.url + "/v1/chat/completions",
+                json={"model": "gpt-4o", "stream": True, "messages": [{"role": "user", "content": "the prompt text"}]},
+                headers={"Authorization": f"Bearer {SECRET_KEY}"},
+            ) as response:
+                return await response.read()
+
+        calling = asyncio.ensure_future(call())
+        try:
+            body = await _running_until(client, url, lambda rows: [r["phase"] for r in rows] == ["headers"])
+            row = body["in_flight"][0]
+            assert (row["api"], row["model"], row["stream"], row["status"], row["in_flight"]) == (
+                "chat_completions", "gpt-4o", True, None, True,
+            )  # fmt: skip
+            assert row["elapsed"] > 0 and row["network"] is not None and row["ttft"] is None
+            assert body["requests"] == [] and body["size"] == 0  # nothing has finished
+            assert abs(row["started"] - time.time()) < 30
+            head.set()
+            body = await _running_until(client, url, lambda rows: [r["phase"] for r in rows] == ["prefill_wait"])
+            assert body["in_flight"][0]["status"] == 200 and body["in_flight"][0]["id"] == row["id"]
+            first.set()
+            body = await _running_until(client, url, lambda rows: [r["phase"] for r in rows] == ["decode"])
+            running = body["in_flight"][0]
+            assert running["output_tokens"] == 1 and running["ttft"] is not None
+            assert running["elapsed"] >= running["ttft"] >= running["network"]
+            # Its waterfall so far: the phases up to now, in the shape of a finished one.
+            status, one = await _get(client, f"{url}/api/requests/{row['id']}")
+            assert status == 200 and one["in_flight"] is True
+            spans = {s["name"]: s for s in one["spans"]}
+            assert set(spans) == {"chat gpt-4o", "network", "prefill_wait", "decode"}
+            assert spans["prefill_wait"]["end"] == spans["decode"]["start"] == running["ttft"]
+            assert one["marks"]["ttft"] == running["ttft"] and one["gaps"]["count"] == 0
+            # The filters apply to it as to the finished rows.
+            for query, shown in (("api=chat_completions", 1), ("api=messages", 0), ("errors=1", 0), ("slow=3600", 0)):
+                status, some = await _get(client, f"{url}/api/requests?{query}")
+                assert status == 200 and len(some["in_flight"]) == shown, query
+            text = json.dumps(await _get(client, url + "/api/requests"))
+            assert SECRET_KEY not in text and "the prompt text" not in text
+        finally:
+            for event in (head, first, rest):
+                event.set()
+            await calling
+        body = await _running_until(client, url, lambda rows: rows == [])
+        deadline = time.monotonic() + 10
+        while not body["requests"]:  # a worker's record reaches the supervisor a moment later
+            assert time.monotonic() < deadline, (body, p.records)
+            await asyncio.sleep(0.05)
+            _, body = await _get(client, url + "/api/requests")
+        (done,) = body["requests"]
+        assert done["id"] == row["id"] and done["output_tokens"] == 4 and done["error_type"] == ""
+
+
+async def test_a_browser_without_the_token_gets_a_page_saying_how_to_log_in(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    browser = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+    async with start_proxy(ui_token="s3cret") as p:
+        for path, problem in (("/", False), ("/?token=wrong", True), ("/ui/style.css", False)):
+            async with client.get(p.metrics_url + path, headers=browser, allow_redirects=False) as response:
+                page = await response.text()
+                assert response.status == 401 and response.content_type == "text/html", path
+                assert "/?token=" in page and "Authorization: Bearer" in page and "TAOTRACE_UI_TOKEN" in page
+                assert ("not this proxy's token" in page) is problem
+                assert "s3cret" not in page and "wrong" not in page  # neither the token nor what was tried
+                policy = response.headers["Content-Security-Policy"]
+                assert "default-src 'none'" in policy and "script-src" not in policy  # no script can run there
+        # Scripts and the API keep the JSON answer, whatever a browser-like Accept says.
+        for path, headers in (("/api/summary", browser), ("/", {"Accept": "application/json"}), ("/", {})):
+            status, body = await _get(client, p.metrics_url + path, headers=headers)
+            assert status == 401 and body["error"]["type"] == "unauthorized", (path, headers)

@@ -2,20 +2,31 @@
 
 `observe` runs on the event loop once per request, at finish, after the client has its last
 byte: an append to the ring and a few counter updates (about 2 µs; see docs/live-view.md).
+Requests still running are not kept here: `active` asks for them when the page polls (this
+process's `InFlightRequests`, or a group's supervisor asking its workers).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from proxy.inflight import InFlight
 from proxy.timing import RequestRecord
 from proxy.ui.ring import Ring
 from proxy.ui.summary import Window
 
-__all__ = ["LiveView"]
+__all__ = ["Active", "LiveView"]
+
+# The requests in flight now (all, or the one with that id, with its gaps).
+Active = Callable[[str | None], Awaitable[Sequence[InFlight]]]
+
+
+async def _none(_want: str | None) -> Sequence[InFlight]:
+    return ()
+
 
 log = logging.getLogger("taotrace")
 
@@ -28,12 +39,14 @@ class LiveView:
         capacity: int = 1000,
         *,
         in_flight: Callable[[], int] = lambda: 0,
+        active: Active = _none,
         capture_content: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ring = Ring(capacity)
         self.window = Window()
         self.in_flight = in_flight
+        self.active = active
         self.capture_content = capture_content
         self.clock = clock
         self.experiments: Mapping[str, Any] | None = None

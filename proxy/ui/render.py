@@ -140,6 +140,11 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
         else None,
         "record": _plain(r, capture_content),
         "spans": _spans(e),
-        "marks": {"time_to_headers": t.time_to_headers, "ttfb": t.ttfb, "ttft": t.ttft},
+        "marks": {
+            "time_to_headers": t.time_to_headers,
+            "ttfb": t.ttfb,
+            "ttft": t.ttft,
+            "last_byte": t.time_to_last_byte,
+        },
         "gaps": {"values": list(t.itl), "per_bar": e.gaps_per_bar, "count": max(0, t.token_events - 1)},
     }

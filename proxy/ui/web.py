@@ -2,12 +2,15 @@
 
     /                         the page (static HTML; all data comes from the API below)
     /ui/{file}                its script, charts and stylesheet (package data, read once)
-    /api/requests             recent requests, newest first (?limit=&api=&model=&errors=&slow=&since=)
-    /api/requests/{id}        one request: record, phase spans, inter-token gaps
+    /api/requests             recent requests, newest first (?limit=&api=&model=&errors=&slow=&since=),
+                              and the requests in flight now
+    /api/requests/{id}        one request, finished or in flight: record, phase spans, inter-token gaps
     /api/summary              the last 15 minutes per model, phases, errors, requests/s, in flight
 
 With a token, each of these needs `Authorization: Bearer <token>` or the cookie set by opening
-`/?token=<token>` once; `/metrics`, `/healthz` and `/readyz` never do. Long answers are built in
+`/?token=<token>` once; `/metrics`, `/healthz` and `/readyz` never do. Without it, a browser
+opening a page gets a short HTML page saying how to log in; scripts (`Accept:
+application/json`, or any `/api/` path) get the JSON 401. Long answers are built in
 slices that yield to the event loop, so a page polling 1,000 rows never stalls the proxy.
 """
 
@@ -25,6 +28,7 @@ from aiohttp import web
 from proxy.ui.live import LiveView
 from proxy.ui.render import detail, row
 from proxy.ui.ring import distinct, parse_query, select
+from proxy.ui.running import running_detail, running_matches, running_row
 
 __all__ = ["add_ui_routes"]
 
@@ -61,6 +65,39 @@ def _error(status: int, kind: str, message: str) -> web.Response:
     return _json({"error": {"message": f"taotrace: {message}", "type": kind}}, status)
 
 
+# The login page: static text (nothing from the request), so its inline style is safe to allow.
+_LOGIN_POLICY = (
+    "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+_LOGIN = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>taotrace live view: token needed</title>
+<style>body{{font:15px/1.5 system-ui,sans-serif;max-width:40em;margin:3em auto;padding:0 1em;color:#1d232b}}
+code{{background:#eef0f3;padding:0 3px}}input{{font:inherit;width:18em}}.bad{{color:#c0392b}}</style></head>
+<body><h1>taotrace live view</h1>{problem}
+<p>This live view is guarded by a token: the value given to <code>taotrace serve --ui-token</code>
+(or <code>TAOTRACE_UI_TOKEN</code>).</p>
+<form method="get" action="/"><label>Token <input type="password" name="token" autocomplete="off" autofocus></label>
+<button type="submit">Open the live view</button></form>
+<p>Or open <code>/?token=&lt;token&gt;</code> once: the proxy trades the token for a cookie (HttpOnly) and takes it
+out of the address bar. Scripts send <code>Authorization: Bearer &lt;token&gt;</code> instead.</p>
+<p><code>/metrics</code>, <code>/healthz</code> and <code>/readyz</code> need no token.</p>
+</body></html>
+"""
+
+
+def _wants_html(request: web.Request) -> bool:
+    """A browser opening a page (not a script, not the API): it gets the login page, not JSON."""
+    accept = request.headers.get("Accept", "")
+    return "text/html" in accept and not request.path.startswith("/api/")
+
+
+def _login(problem: str = "") -> web.Response:
+    body = _LOGIN.format(problem=f'<p class="bad">{problem}</p>' if problem else "")
+    headers = {**_SECURITY, "Content-Security-Policy": _LOGIN_POLICY, "WWW-Authenticate": "Bearer"}
+    return web.Response(status=401, text=body, content_type="text/html", headers=headers)
+
+
 def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = None, trace_url: str = "") -> None:
     """Mount the live view on `app` (the metrics app)."""
     files = _static_files()
@@ -80,6 +117,8 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
     def guarded(handler: Handler) -> Handler:
         async def check(request: web.Request) -> web.StreamResponse:
             if not authorized(request):
+                if _wants_html(request):
+                    return _login()
                 response = _error(
                     401,
                     "unauthorized",
@@ -96,6 +135,8 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
         given = request.query.get("token")
         if secret is not None and given is not None:
             if not hmac.compare_digest(given.encode(), secret):
+                if _wants_html(request):
+                    return _login("That is not this proxy's token.")
                 return _error(401, "unauthorized", "wrong token")
             # Trade the token in the address bar (and history) for a cookie scripts cannot read.
             response = web.Response(status=303, headers={"Location": "/", **_SECURITY})
@@ -129,8 +170,10 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
                 await asyncio.sleep(0)  # let the proxy's streams run between slices
             rows.extend(row(e) for e in chosen[start : start + ROWS_PER_SLICE])
         apis, models = distinct(entries)
+        running = [f for f in await live.active(None) if running_matches(f, query)]
         return _json(
             {
+                "in_flight": [running_row(f) for f in reversed(running[-query.limit :])],  # newest first
                 "requests": rows,
                 "last_seq": live.ring.last_seq,
                 "capacity": live.ring.capacity,
@@ -141,7 +184,13 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
         )
 
     async def one(request: web.Request) -> web.StreamResponse:
-        entry = live.ring.find(request.match_info["id"])
+        id_ = request.match_info["id"]
+        entry = live.ring.find(id_)
+        if entry is None:
+            running = await live.active(id_)
+            if running:
+                return _json(running_detail(running[0]))
+            entry = live.ring.find(id_)  # it may have finished while we asked
         if entry is None:
             return _error(
                 404, "not_found", "no such request among the recent ones (the ring keeps the last --ui-requests)"

@@ -5,9 +5,11 @@ Both ends are this program (the supervisor starts the worker and hands it one en
 runs the same `Metrics.record` on them as one process would, and a family added there is
 aggregated across workers with no change here. Each message is a tuple whose first item names it:
 
-    supervisor -> worker   ("start", settings as a dict, worker index)
+    supervisor -> worker   ("start", settings as a dict, worker index, ship spans?)
+                           ("in_flight?", ask number, request id or None)   the live view polls
     worker -> supervisor   ("ready",)
                            ("records", [RequestRecord, ...], {(upstream, api): requests in flight})
+                           ("in_flight", ask number, [InFlight, ...])       the answer
 """
 
 from __future__ import annotations

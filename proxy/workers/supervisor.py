@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from proxy.app import create_metrics_app
+from proxy.inflight import InFlight
 from proxy.lifecycle import Shutdown
 from proxy.protocol import GuardedAppRunner
 from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, genai_metrics_for, metrics_for, telemetry_for
@@ -69,6 +70,7 @@ log = logging.getLogger("taotrace")
 KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker that will not exit is killed
 CRASH_WINDOW = 2.0  # a worker that dies sooner than this after starting is restarted with a growing delay
 MAX_BACKOFF = 10.0
+ASK_TIMEOUT = 0.5  # seconds the live view waits for a worker to say what it has in flight
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -108,6 +110,8 @@ class _Worker:
     ready: bool = False
     in_flight: dict[tuple[str, ...], float] = field(default_factory=dict)  # (upstream, api) -> requests
     started: float = 0.0
+    writer: asyncio.StreamWriter | None = None  # to the process in the slot now
+    asks: dict[int, asyncio.Future[list[InFlight]]] = field(default_factory=dict)  # the live view's questions
 
 
 @dataclass
@@ -162,11 +166,17 @@ class _Supervisor:
         self.ship_spans = bool(sdk_internals.span_processors(telemetry.tracer))
         self.env = env
         self.command = tuple(command)
+        self._asked = 0
 
     def _apply(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "ready":
             worker.ready = True
+            return
+        if kind == "in_flight":
+            asked = worker.asks.pop(message[1], None)
+            if asked is not None and not asked.done():
+                asked.set_result(message[2])
             return
         if kind != "records":
             return
@@ -189,6 +199,37 @@ class _Supervisor:
         if in_flight != worker.in_flight:
             worker.in_flight = in_flight
             self._sum_in_flight()
+
+    async def running(self, want: str | None = None) -> list[InFlight]:
+        """The live view's question to every worker: what is in flight now (with `want`, that
+        request only). Asked when the page polls, never otherwise; a worker slower than
+        `ASK_TIMEOUT` is left out of this answer."""
+        only = None
+        if want is not None and want.startswith("w") and "-live-" in want:  # a key of ours, not a trace id
+            index, _, want = want[1:].partition("-")
+            only = int(index) if index.isdigit() else -1
+        loop = asyncio.get_running_loop()
+        asked = []
+        for w in self.group.workers:
+            if w.writer is None or w.writer.is_closing() or not w.ready or only not in (None, w.index):
+                continue
+            self._asked += 1
+            w.asks[self._asked] = future = loop.create_future()
+            w.writer.write(encode(("in_flight?", self._asked, want)))
+            asked.append((w, self._asked, future))
+        if not asked:
+            return []
+        await asyncio.wait([future for _, _, future in asked], timeout=ASK_TIMEOUT)
+        out: list[InFlight] = []
+        for w, n, future in asked:
+            w.asks.pop(n, None)
+            if future.done() and not future.cancelled():
+                # Trace ids are unique across the group; the keys of untraced requests get the worker's index.
+                out.extend(
+                    f if f.trace_id else dataclasses.replace(f, id=f"w{w.index}-{f.id}") for f in future.result()
+                )
+        out.sort(key=lambda f: f.started)
+        return out
 
     def _sum_in_flight(self) -> None:
         gauge = self.group.metrics.in_flight
@@ -214,6 +255,7 @@ class _Supervisor:
             finally:
                 child.close()
             reader, writer = await asyncio.open_connection(sock=parent)
+            worker.writer = writer
             writer.write(encode(("start", self.settings.model_dump(), worker.index, self.ship_spans)))
             try:
                 while (message := await receive(reader)) is not None:
@@ -224,6 +266,10 @@ class _Supervisor:
                     worker.proc.kill()
             returncode = await worker.proc.wait()
             writer.close()
+            worker.writer = None
+            for asked in worker.asks.values():
+                asked.cancel()
+            worker.asks.clear()
             worker.ready = False
             worker.in_flight = {}
             self._sum_in_flight()
@@ -287,6 +333,8 @@ async def supervising(
         )
         observers.append(live.observe)
     supervisor = _Supervisor(worker_settings, group, observers, env, worker_command, telemetry)
+    if live is not None:
+        live.active = supervisor.running  # what runs now, asked of the workers when the page polls
     token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
     runner = GuardedAppRunner(
         create_metrics_app(

@@ -21,6 +21,7 @@ import socket
 import sys
 from contextlib import suppress
 
+from proxy.inflight import InFlightRequests
 from proxy.lifecycle import Shutdown, run_loop
 from proxy.serve import LOOP_SWITCH_INTERVAL, configure_logging, running
 from proxy.settings import Settings
@@ -73,6 +74,13 @@ class Shipper:
             self.flush()
 
 
+async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: InFlightRequests) -> None:
+    """Answer the supervisor's questions until it goes away: what is in flight (the live view)."""
+    while (message := await receive(reader)) is not None:
+        if message[0] == "in_flight?" and not writer.is_closing():
+            writer.write(encode(("in_flight", message[1], requests.snapshot(message[2]))))
+
+
 async def _serve(sock: socket.socket) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
     hello = await receive(reader)
@@ -90,7 +98,7 @@ async def _serve(sock: socket.socket) -> None:
             gc.freeze()  # as serve(): start-up objects out of the collector's reach
             writer.write(encode(("ready",)))
             log.debug("worker %d (pid %d) serving on %s", index, os.getpid(), srv.proxy_url)
-            orphaned = asyncio.ensure_future(reader.read())  # b"" when the supervisor is gone
+            orphaned = asyncio.ensure_future(_answer(reader, writer, srv.state.requests))  # ends with the supervisor
             stopped = asyncio.ensure_future(shutdown.wait())
             await asyncio.wait((orphaned, stopped), return_when=asyncio.FIRST_COMPLETED)
             if orphaned.done():

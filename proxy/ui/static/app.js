@@ -3,17 +3,26 @@
 import { COLORS, barChart, lineChart, scatterChart } from "/ui/charts.js";
 
 const $ = (id) => document.getElementById(id);
-const MAX_ROWS = 200;
+const PAGE_ROWS = 200; // rows the list shows at first, and how many more each "show more" adds
 const POLL_MS = 1000;
 const PHASES = ["network", "prefill_wait", "decode", "tail", "response"];
+const EMPTY = "–"; // the one symbol for "no value"
+// What a running request is doing, by the `phase` the API reports.
+const RUNNING_PHASE = {
+  network: "network", headers: "waiting for headers", prefill_wait: "prefill_wait", decode: "decode",
+  response: "receiving response",
+};
 
-const state = { lastSeq: 0, filterKey: "", view: "", polling: false, summary: null, experimentsShown: null };
+const state = {
+  lastSeq: 0, filterKey: "", view: "", polling: false, summary: null, experimentsShown: null,
+  maxRows: PAGE_ROWS, traceId: null,
+};
 
 function ms(seconds, digits = 1) {
-  return seconds == null ? "–" : (seconds * 1000).toFixed(digits);
+  return seconds == null ? EMPTY : (seconds * 1000).toFixed(digits);
 }
 function msUnit(seconds) {
-  if (seconds == null) return "–";
+  if (seconds == null) return EMPTY;
   return seconds >= 10 ? `${seconds.toFixed(1)} s` : `${(seconds * 1000).toFixed(seconds < 0.01 ? 2 : 1)} ms`;
 }
 function clock(unix) {
@@ -22,8 +31,17 @@ function clock(unix) {
 }
 function cell(text, cls) {
   const td = document.createElement("td");
-  td.textContent = text == null ? "–" : String(text);
+  td.textContent = text == null || text === "" ? EMPTY : String(text);
   if (cls) td.className = cls;
+  return td;
+}
+// A request without a model name reads the same everywhere (the overview groups it as "unknown").
+function modelName(model) {
+  return model == null || model === "" ? "unknown" : model;
+}
+function modelCell(model) {
+  const td = cell(modelName(model), model == null || model === "" ? "model none" : "model");
+  td.title = modelName(model);
   return td;
 }
 function setStatus(text, bad = false) {
@@ -35,11 +53,15 @@ function setStatus(text, bad = false) {
 async function getJSON(path) {
   const response = await fetch(path, { headers: { Accept: "application/json" }, cache: "no-store" });
   const body = await response.json().catch(() => null);
-  if (!response.ok) throw new Error((body && body.error && body.error.message) || `HTTP ${response.status}`);
+  if (!response.ok) {
+    const err = new Error((body && body.error && body.error.message) || `HTTP ${response.status}`);
+    err.status = response.status;
+    throw err;
+  }
   return body;
 }
 
-// ---- the phase bar: one request's phases, to scale within its duration
+// ---- the phase bar: one request's phases, to scale within its duration (or a common scale)
 function phaseParts(r) {
   const total = r.duration || 0;
   const network = r.network ?? total;
@@ -49,11 +71,19 @@ function phaseParts(r) {
   }
   return [["network", network], ["response", Math.max(0, total - network)]];
 }
-function phaseBar(r) {
+// A running request's phases so far: the open one ends now.
+function runningParts(r) {
+  const now = r.elapsed || 0;
+  if (r.network == null) return [["network", now]];
+  if (!r.stream) return [["network", r.network], ["response", now - r.network]];
+  if (r.ttft == null) return [["network", r.network], ["prefill_wait", now - r.network]];
+  return [["network", r.network], ["prefill_wait", r.ttft - r.network], ["decode", now - r.ttft]];
+}
+function phaseBar(parts, total, running = false) {
   const bar = document.createElement("div");
-  bar.className = "phasebar";
-  const total = r.duration || 0;
-  for (const [name, value] of phaseParts(r)) {
+  bar.className = running ? "phasebar running" : "phasebar";
+  bar.dataset.seconds = String(total);
+  for (const [name, value] of parts) {
     if (!(total > 0) || !(value > 0)) continue;
     const part = document.createElement("span");
     part.className = `seg ${name}`;
@@ -62,6 +92,16 @@ function phaseBar(r) {
     bar.append(part);
   }
   return bar;
+}
+// With "bars on one time scale", every bar's length is its duration against the longest shown.
+function rescaleBars() {
+  const bars = [...document.querySelectorAll("#requests .phasebar")];
+  const common = $("f-scale").checked;
+  const longest = Math.max(0, ...bars.map((b) => Number(b.dataset.seconds) || 0));
+  for (const bar of bars) {
+    const seconds = Number(bar.dataset.seconds) || 0;
+    bar.style.width = common && longest > 0 ? `${Math.max(0.5, (100 * seconds) / longest)}%` : "";
+  }
 }
 
 // ---- requests table
@@ -73,21 +113,51 @@ function filterParams() {
   if ($("f-slow").checked) p.set("slow", String(Math.max(0, Number($("f-slow-ms").value) || 0) / 1000));
   return p;
 }
+function openOnKeys(tr, go) {
+  tr.tabIndex = 0; // rows are reachable with Tab and open with Enter or Space
+  tr.setAttribute("role", "link");
+  tr.addEventListener("click", go);
+  tr.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" || e.key === " ") { e.preventDefault(); go(); }
+  });
+}
 function requestRow(r) {
   const tr = document.createElement("tr");
   tr.dataset.id = r.id;
   tr.className = r.error_type ? "error" : "";
   const status = r.error_type ? `${r.status} ${r.error_type}` : String(r.status);
   tr.append(
-    cell(clock(r.time)), cell(r.api), Object.assign(cell(r.model, "model"), { title: r.model ?? "" }), cell(status),
+    cell(clock(r.time)), cell(r.api), modelCell(r.model), cell(status),
     cell(ms(r.ttft), "num"), cell(ms(r.tpot, 2), "num"), cell(r.output_tokens, "num"),
     cell(r.cached_input_tokens, "num"), cell(ms(r.duration), "num"),
   );
   const td = document.createElement("td");
   td.className = "bar-col";
-  td.append(phaseBar(r));
+  td.append(phaseBar(phaseParts(r), r.duration || 0));
   tr.append(td);
-  tr.addEventListener("click", () => { location.hash = `#trace/${encodeURIComponent(r.id)}`; });
+  tr.setAttribute("aria-label", `${r.api} ${modelName(r.model)} ${status}, ${msUnit(r.duration)}: open its waterfall`);
+  openOnKeys(tr, () => { location.hash = `#trace/${encodeURIComponent(r.id)}`; });
+  return tr;
+}
+function runningRow(r) {
+  const tr = document.createElement("tr");
+  tr.dataset.id = r.id;
+  tr.dataset.phase = r.phase;
+  tr.className = "running";
+  const phase = RUNNING_PHASE[r.phase] || r.phase;
+  const status = r.phase === "decode" ? `running · decode, ${r.output_tokens} tokens` : `running · ${phase}`;
+  const tpot = r.output_tokens >= 2 && r.last_token != null && r.ttft != null ? (r.last_token - r.ttft) / (r.output_tokens - 1) : null;
+  tr.append(
+    cell(clock(r.started)), cell(r.api), modelCell(r.model), cell(status, "phase"),
+    cell(ms(r.ttft), "num"), cell(ms(tpot, 2), "num"), cell(r.output_tokens, "num"),
+    cell(null, "num"), cell(ms(r.elapsed), "num elapsed"),
+  );
+  const td = document.createElement("td");
+  td.className = "bar-col";
+  td.append(phaseBar(runningParts(r), r.elapsed || 0, true));
+  tr.append(td);
+  tr.setAttribute("aria-label", `${r.api} ${modelName(r.model)} still running, ${phase}, ${msUnit(r.elapsed)} so far: open its waterfall`);
+  openOnKeys(tr, () => { location.hash = `#trace/${encodeURIComponent(r.id)}`; });
   return tr;
 }
 function syncOptions(select, values) {
@@ -96,25 +166,35 @@ function syncOptions(select, values) {
 }
 async function pollRequests() {
   const params = filterParams();
-  const key = params.toString();
-  const tbody = document.querySelector("#requests tbody");
+  const key = `${params}&rows=${state.maxRows}`;
+  const tbody = $("finished");
   if (key !== state.filterKey) {
     state.filterKey = key;
     state.lastSeq = 0;
     tbody.replaceChildren();
   }
-  params.set("limit", String(MAX_ROWS));
+  params.set("limit", String(state.maxRows));
   if (state.lastSeq) params.set("since", String(state.lastSeq));
   const body = await getJSON(`/api/requests?${params}`);
   if (state.filterKey !== key) return; // filters changed while we waited
   syncOptions($("f-api"), body.apis);
   syncOptions($("f-model"), body.models);
+  $("running").replaceChildren(...body.in_flight.map(runningRow));
   const rows = body.requests.map(requestRow);
   if (rows.length) tbody.prepend(...rows);
-  while (tbody.rows.length > MAX_ROWS) tbody.lastElementChild.remove();
+  while (tbody.rows.length > state.maxRows) tbody.lastElementChild.remove();
   state.lastSeq = body.last_seq;
-  $("empty").hidden = tbody.rows.length > 0;
-  setStatus(`${body.size} of ${body.capacity} recent requests kept · updated ${clock(Date.now() / 1000)}`);
+  rescaleBars();
+  $("empty").hidden = tbody.rows.length + body.in_flight.length > 0;
+  // The list shows the newest maxRows; say so when the proxy keeps more, and offer the next page.
+  const capped = tbody.rows.length >= state.maxRows && body.size > state.maxRows;
+  $("more").hidden = !capped;
+  if (capped) {
+    $("more-text").textContent = `Showing the newest ${tbody.rows.length} of the ${body.size} requests kept.`;
+    $("more-button").hidden = state.maxRows >= body.capacity;
+  }
+  const running = body.in_flight.length ? ` · ${body.in_flight.length} running` : "";
+  setStatus(`${body.size} of ${body.capacity} recent requests kept${running} · updated ${clock(Date.now() / 1000)}`);
 }
 
 // ---- one request
@@ -125,11 +205,23 @@ function kvRows(table, pairs) {
     return tr;
   }));
 }
+// Attributes that hold seconds: shown in ms like the rest of the page.
+const SECONDS = /^(timing\.|tcp\.(rtt|rtt_var|min_rtt)$|(elapsed|network|time_to_headers|ttfb|ttft|last_token|last_byte)$)/;
+function shown(name, v) {
+  if (v == null || v === "" || (Array.isArray(v) && !v.length)) return EMPTY;
+  if (name === "started" && typeof v === "number") return clock(v);
+  if (name === "tcp.delivery_rate" && typeof v === "number") return `${(v / 1e6).toFixed(1)} MB/s`;
+  if (typeof v === "number" && SECONDS.test(name) && !/token_events$/.test(name)) return msUnit(v);
+  if (Array.isArray(v)) return v.join(", ");
+  return String(v);
+}
 function flatten(obj, prefix = "", out = []) {
   for (const [k, v] of Object.entries(obj)) {
     const name = prefix ? `${prefix}.${k}` : k;
-    if (v && typeof v === "object" && !Array.isArray(v)) flatten(v, name, out);
-    else out.push([name, Array.isArray(v) ? v.join(", ") : v == null ? "–" : String(v)]);
+    if (v && typeof v === "object" && !Array.isArray(v)) {
+      if (Object.keys(v).length) flatten(v, name, out);
+      else out.push([name, EMPTY]);
+    } else out.push([name, shown(name, v)]);
   }
   return out;
 }
@@ -148,31 +240,47 @@ function rttInside(bar, s) {
   bar.title = `one network round trip ${msUnit(s.rtt)} (TCP min_rtt), server wait ≈ ${msUnit(s.server_wait ?? 0)} of ${msUnit(length)}`;
   bar.dataset.rtt = String(s.rtt);
 }
+function wfRow(key, label, start, end, total, cls, child) {
+  const row = document.createElement("div");
+  row.className = "wf-row";
+  row.dataset.span = key;
+  const name = document.createElement("span");
+  name.className = "wf-name" + (child ? " child" : "");
+  name.textContent = label;
+  name.title = label;
+  const track = document.createElement("span");
+  track.className = "wf-track";
+  const bar = document.createElement("span");
+  bar.className = `wf-bar ${cls}`;
+  bar.style.left = `${(100 * start) / total}%`;
+  bar.style.width = `${Math.max(0.2, (100 * (end - start)) / total)}%`;
+  track.append(bar);
+  const dur = document.createElement("span");
+  dur.className = "wf-dur num";
+  dur.textContent = msUnit(end - start);
+  dur.dataset.seconds = String(end - start);
+  row.append(name, track, dur);
+  return { row, bar };
+}
 function waterfall(d) {
   const box = $("waterfall");
+  const r = d.record;
   const total = d.spans[0].end || 1e-9;
+  const running = !!d.in_flight;
   const rows = d.spans.map((s, i) => {
-    const row = document.createElement("div");
-    row.className = "wf-row";
-    row.dataset.span = i === 0 ? "root" : s.name;
-    const name = document.createElement("span");
-    name.className = "wf-name" + (i ? " child" : "");
-    name.textContent = s.name;
-    const track = document.createElement("span");
-    track.className = "wf-track";
-    const bar = document.createElement("span");
-    bar.className = `wf-bar ${i === 0 ? "root" : s.name}`;
-    bar.style.left = `${(100 * s.start) / total}%`;
-    bar.style.width = `${Math.max(0.2, (100 * (s.end - s.start)) / total)}%`;
+    const { row, bar } = wfRow(i === 0 ? "root" : s.name, s.name, s.start, s.end, total, i === 0 ? "root" : s.name, i > 0);
+    if (running && s.end === total) bar.classList.add("open"); // still growing
     if (s.rtt != null) rttInside(bar, s);
-    track.append(bar);
-    const dur = document.createElement("span");
-    dur.className = "wf-dur num";
-    dur.textContent = msUnit(s.end - s.start);
-    dur.dataset.seconds = String(s.end - s.start);
-    row.append(name, track, dur);
     return row;
   });
+  // A response that is not a stream has no prefill_wait or decode: draw the wait for it anyway.
+  const network = d.spans.find((s) => s.name === "network");
+  const streamed = d.spans.some((s) => s.name === "prefill_wait");
+  if (!streamed && network && network.end < total) {
+    const { row, bar } = wfRow("response", "waiting for the response (not streamed)", network.end, total, total, "response", true);
+    if (running) bar.classList.add("open");
+    rows.push(row);
+  }
   const marks = document.createElement("div");
   marks.className = "wf-row marks";
   const label = document.createElement("span");
@@ -189,8 +297,22 @@ function waterfall(d) {
     m.style.top = `${i * 14}px`; // one line each: headers and first byte often coincide
     m.title = `${name} at ${msUnit(t)}`;
     m.textContent = `${name} ${msUnit(t)}`;
+    if (t / total > 0.7) m.classList.add("left"); // near the right edge: the label reads leftwards
     track.append(m);
   });
+  // A stream that was cut or failed: where it broke (the last bytes the client got), and why.
+  if (!running && r.error_type && (r.stream || d.marks.last_byte != null)) {
+    const at = d.marks.last_byte ?? total;
+    const m = document.createElement("span");
+    m.className = "wf-mark broke";
+    m.style.left = `${(100 * at) / total}%`;
+    m.style.top = "42px";
+    m.textContent = `✕ ${r.error_type} · last byte ${msUnit(at)}`;
+    m.title = `the stream broke: ${r.error_type}; the client's last bytes at ${msUnit(at)}, the request ended at ${msUnit(total)}`;
+    if (at / total > 0.5) m.classList.add("left");
+    track.append(m);
+    marks.classList.add("broke");
+  }
   marks.append(label, track, document.createElement("span"));
   box.replaceChildren(...rows, marks);
 }
@@ -224,17 +346,29 @@ function gapStrip(d) {
   $("gaps-note").textContent = `${d.gaps.count} gaps, median ${msUnit(median)}, largest ${msUnit(max)}${each}; red: over 5× the median`;
 }
 async function showTrace(id) {
-  const d = await getJSON(`/api/requests/${encodeURIComponent(id)}`);
+  let d;
+  try {
+    d = await getJSON(`/api/requests/${encodeURIComponent(id)}`);
+  } catch (err) {
+    // A running request whose trace the sampler dropped ends under another id: back to the list.
+    if (err.status === 404 && state.traceRunning === id) { location.hash = "#requests"; return; }
+    throw err;
+  }
+  if (state.view !== "trace" || state.traceId !== id) return; // the reader moved on meanwhile
   const r = d.record;
-  $("trace-title").textContent = `${d.spans[0].name} · ${r.status_code}${r.error_type ? " " + r.error_type : ""} · ${clock(d.time)} · ${r.trace_id || "not traced"}`;
+  const running = !!d.in_flight;
+  state.traceRunning = running ? id : null;
+  $("trace-running").hidden = !running;
+  const status = running ? `running · ${RUNNING_PHASE[r.phase] || r.phase}` : `${r.status_code}${r.error_type ? " " + r.error_type : ""}`;
+  $("trace-title").textContent = `${d.spans[0].name} · ${status} · ${clock(d.time)} · ${r.trace_id || "not traced"}`;
   const link = $("trace-link");
   link.hidden = !d.trace_url;
   if (d.trace_url) link.href = d.trace_url;
   waterfall(d);
-  const t = r.timing;
+  const t = running ? r : r.timing;
   const prefill = d.spans.find((s) => s.name === "prefill_wait");
   kvRows($("conn"), [
-    ["connection reused", t.connection_reused == null ? "–" : t.connection_reused ? "yes" : "no (new connection)"],
+    ["connection reused", t.connection_reused == null ? EMPTY : t.connection_reused ? "yes" : "no (new connection)"],
     ["pool wait", msUnit(t.pool_wait)],
     ["DNS", msUnit(t.dns)],
     ["connect (TCP + TLS)", msUnit(t.connect)],
@@ -243,7 +377,7 @@ async function showTrace(id) {
     ["TTFB (first body byte)", msUnit(t.ttfb)],
     ...("ttfc" in t ? [["TTFC (first streamed chunk)", msUnit(t.ttfc)]] : []),
     ["TTFT (first token)", msUnit(t.ttft)],
-    ["first token − first byte", t.ttft != null && t.ttfb != null ? msUnit(t.ttft - t.ttfb) : "–"],
+    ["first token − first byte", t.ttft != null && t.ttfb != null ? msUnit(t.ttft - t.ttfb) : EMPTY],
     ...(prefill && prefill.rtt != null
       ? [["round trip (TCP min_rtt)", msUnit(prefill.rtt)], ["server wait (estimate)", msUnit(prefill.server_wait)]]
       : []),
@@ -305,7 +439,7 @@ function renderOverview(s) {
   const tbody = document.querySelector("#per-model tbody");
   tbody.replaceChildren(...Object.entries(s.models).map(([model, m]) => {
     const tr = document.createElement("tr");
-    tr.append(cell(model, "model"), cell(m.requests, "num"));
+    tr.append(modelCell(model === "unknown" ? null : model), cell(m.requests, "num"));
     for (const kind of ["ttft", "tpot"]) for (const p of ["p50", "p95", "p99"]) tr.append(cell(ms(m[kind][p], kind === "tpot" ? 2 : 1), "num"));
     return tr;
   }));
@@ -344,6 +478,8 @@ async function pollSummary() {
   const s = await getJSON("/api/summary");
   state.summary = s;
   $("demo-tab").hidden = !s.experiments;
+  $("demo-empty").hidden = !!s.experiments;
+  $("demo-body").hidden = !s.experiments;
   if (state.view === "overview") renderOverview(s);
   if (state.view === "demo" && s.experiments && state.experimentsShown !== s.experiments) {
     renderDemo(s.experiments);
@@ -358,6 +494,7 @@ async function pollOnce() {
   try {
     if (state.view === "requests") await pollRequests();
     else if (state.view === "overview" || state.view === "demo") await pollSummary();
+    else if (state.view === "trace" && state.traceRunning && state.traceRunning === state.traceId) await showTrace(state.traceId);
   } catch (err) {
     setStatus(`cannot reach the proxy: ${err.message}`, true);
   }
@@ -376,9 +513,11 @@ async function route() {
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === state.view);
   state.experimentsShown = null;
+  state.traceId = state.view === "trace" ? decodeURIComponent(rest.join("/")) : null;
+  state.traceRunning = null;
   if (state.view === "trace") {
     try {
-      await showTrace(decodeURIComponent(rest.join("/")));
+      await showTrace(state.traceId);
     } catch (err) {
       setStatus(err.message, true);
     }
@@ -392,7 +531,15 @@ async function loop() {
 }
 
 window.addEventListener("hashchange", route);
-for (const id of ["f-api", "f-model", "f-errors", "f-slow", "f-slow-ms"]) $(id).addEventListener("change", tick);
+for (const id of ["f-api", "f-model", "f-errors", "f-slow", "f-slow-ms"]) {
+  $(id).addEventListener("change", () => { state.maxRows = PAGE_ROWS; tick(); });
+}
+$("f-scale").addEventListener("change", rescaleBars);
+$("more-button").addEventListener("click", () => { state.maxRows += PAGE_ROWS; tick(); });
 $("filters").addEventListener("submit", (e) => e.preventDefault());
-getJSON("/api/summary").then((s) => { $("demo-tab").hidden = !s.experiments; }).catch(() => {});
+getJSON("/api/summary").then((s) => {
+  $("demo-tab").hidden = !s.experiments;
+  $("demo-empty").hidden = !!s.experiments;
+  $("demo-body").hidden = !s.experiments;
+}).catch(() => {});
 route().then(() => setTimeout(loop, POLL_MS));

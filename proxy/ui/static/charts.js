@@ -30,7 +30,11 @@ function frame(container, yMax, yFormat, xTicks) {
     svg.append(el("line", { x1: PAD.l, x2: W - PAD.r, y1: y(t), y2: y(t), class: "grid" }));
     svg.append(el("text", { x: PAD.l - 6, y: y(t) + 4, class: "tick", "text-anchor": "end" }, yFormat(t)));
   }
-  for (const [x, label] of xTicks) svg.append(el("text", { x, y: H - 10, class: "tick", "text-anchor": "middle" }, label));
+  for (const [x, label] of xTicks) {
+    // A label centred on a tick near either edge would be cut by the viewBox: anchor it inwards.
+    const anchor = x > W - PAD.r - 32 ? "end" : x < 32 ? "start" : "middle";
+    svg.append(el("text", { x, y: H - 10, class: "tick", "text-anchor": anchor }, label));
+  }
   container.replaceChildren(svg);
   return { svg, y };
 }
