@@ -193,3 +193,34 @@ async def test_without_routes_nothing_changes(proxy: Proxied, client: aiohttp.Cl
     assert [s.path_qs for s in proxy.upstream.seen] == ["/anthropic/v1/chat/completions"]
     (rec,) = await proxy.settled(1)
     assert rec.upstream == "127.0.0.1"
+
+
+# --- probe and doctor by route name ----------------------------------------------------------
+
+
+async def test_probe_by_route_name_calls_that_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.sim import SimSettings, running
+    from proxy.tools.clientconfig import load_target
+    from proxy.tools.probe import ProbeSettings, probe
+
+    async with running(SimSettings(port=0, time_scale=0.25)) as sim:
+        root = sim.base_url.removesuffix("/v1")
+        monkeypatch.setenv("TAOTRACE_ROUTES", f"local:/local={root},/elsewhere=http://127.0.0.1:9")
+        target = load_target(ProbeSettings(route="LOCAL", api_key="k", max_tokens=3))
+        assert target.base_url == sim.base_url
+        result = await probe(ProbeSettings(route="local", api_key="k", max_tokens=3), target)
+        assert sim.simulator.stats()["requests"][-1]["output_tokens"] == 3
+    assert result
+
+
+def test_probe_and_doctor_refuse_an_unknown_route_or_both(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TAOTRACE_ROUTES", "a:/a=http://127.0.0.1:9")
+    monkeypatch.setenv("TAOTRACE_API_KEY", "k")
+    assert main(["probe", "--route", "nope"]) == 2
+    assert "no route named 'nope'; the proxy's routes (TAOTRACE_ROUTES, TAOTRACE_UPSTREAM): a, taotoken.net" in (
+        capsys.readouterr().err
+    )
+    assert main(["doctor", "--route", "a", "--base-url", "http://127.0.0.1:9/v1"]) == 2
+    assert "give --route or --base-url, not both" in capsys.readouterr().err

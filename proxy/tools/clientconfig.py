@@ -29,7 +29,7 @@ from yarl import URL
 
 __all__ = [
     "DEFAULT_BASE_URL", "ENDPOINT_SUFFIXES", "BaseURLError", "ClientSettings", "Target", "load_target",
-    "key_hint", "key_places", "parse_base_url", "shown_url",
+    "key_hint", "key_places", "parse_base_url", "route_base_url", "shown_url",
 ]  # fmt: skip
 
 DEFAULT_BASE_URL = "https://taotoken.net/api/v1"
@@ -55,6 +55,13 @@ class ClientSettings(BaseSettings):
     config: str | None = Field(None, description="JSON file in the article's layout: base_url, models, default_params")
     timeout: float = Field(60.0, gt=0, description="seconds allowed for connecting and between reads")
     json_output: bool = Field(False, description="print the result as JSON", json_schema_extra={"flag": "--json"})
+    route: str | None = Field(
+        None,
+        min_length=1,
+        description="call the upstream of the proxy's route NAME directly (its URL + /v1), the routes read "
+        "as serve reads them from TAOTRACE_ROUTES and TAOTRACE_UPSTREAM; instead of --base-url",
+        json_schema_extra={"metavar": "NAME"},
+    )
 
 
 class BaseURLError(ValueError):
@@ -152,6 +159,10 @@ def load_target(settings: ClientSettings) -> Target:
             raise ValueError(f"--config {settings.config}: expected a JSON object")
     given = settings.model_fields_set
     base_url = settings.base_url if "base_url" in given or "base_url" not in data else str(data["base_url"])
+    if settings.route is not None:
+        if "base_url" in given:
+            raise ValueError("give --route or --base-url, not both")
+        base_url = route_base_url(settings.route, os.environ)
     params: dict[str, Any] = dict(data.get("default_params") or {})
     model = settings.model
     models = data.get("models") or {}
@@ -171,6 +182,22 @@ def load_target(settings: ClientSettings) -> Target:
     return Target(
         base_url=base_url.rstrip("/"), model=model, api_key=key, key_source=source, params=params, key_env=key_env
     )
+
+
+def route_base_url(name: str, environ: Mapping[str, str]) -> str:
+    """The OpenAI-style base URL of the proxy's route `name`: its upstream URL + /v1. The routes
+    come from `TAOTRACE_ROUTES` and `TAOTRACE_UPSTREAM`, as `taotrace serve` reads them."""
+    from proxy.routes import routes_for
+    from proxy.settings import DEFAULT_UPSTREAM, split_csv
+
+    specs = split_csv(environ.get("TAOTRACE_ROUTES", ""))
+    assert isinstance(specs, list)
+    routes = routes_for(environ.get("TAOTRACE_UPSTREAM", DEFAULT_UPSTREAM), specs)  # ValueError: a bad route
+    for route in routes:
+        if route.name == name.strip().lower():
+            return shown_url(route.base) + "/v1"
+    names = ", ".join(r.name for r in routes)
+    raise ValueError(f"no route named {name[:40]!r}; the proxy's routes (TAOTRACE_ROUTES, TAOTRACE_UPSTREAM): {names}")
 
 
 def key_hint(key_env: str | None = None) -> str:
