@@ -22,6 +22,8 @@ from proxy.envproxy import forward_proxy_for
 from proxy.forward import Forwarder, Observer, Upstream
 from proxy.hints import DoubledPrefix
 from proxy.inflight import InFlightRequests
+from proxy.logs.ratelimited import RateLimitedLog, flushing
+from proxy.logs.upstream_failures import UpstreamFailures
 from proxy.routes import Route, Router, routes_for
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
@@ -71,6 +73,7 @@ def create_proxy_app(
     state: ServerState,
     observers: Sequence[Observer] = (),
     accounting: Accounting | None = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> web.Application:
     """The proxy: one catch-all route; the port reserves no path of its own.
 
@@ -79,11 +82,17 @@ def create_proxy_app(
     routes = routes_for(settings.upstream, settings.routes)
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
     app[STATE_KEY] = state
-    upstreams = app[UPSTREAMS_KEY] = tuple(Upstream(r, make_pool(settings, url=str(r.url))) for r in routes)
+    upstreams = app[UPSTREAMS_KEY] = tuple(Upstream(r, make_pool(settings, environ, url=str(r.url))) for r in routes)
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
         await asyncio.gather(*(u.pool.close() for u in upstreams))
+
+    warnings = RateLimitedLog(logging.getLogger("taotrace"))
+
+    async def warnings_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with flushing(warnings):  # counts held back are logged as their interval ends
+            yield
 
     forwarder = Forwarder(
         Router([(u.route, u) for u in upstreams]),
@@ -97,8 +106,10 @@ def create_proxy_app(
         attributor=accounting.attributor if accounting is not None else None,
         prices=accounting.prices if accounting is not None else None,
         running=state.requests if settings.ui else None,  # without the view, not even a set add
+        failures=UpstreamFailures(warnings, environ),
     )
     app.cleanup_ctx.append(pool_ctx)
+    app.cleanup_ctx.append(warnings_ctx)
     forward = forwarder.handle
     in_flight = state.in_flight
     root: Route = next(r for r in routes if r.prefix == "")

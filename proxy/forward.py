@@ -42,6 +42,7 @@ from proxy.dialects import (
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.inflight import InFlight, InFlightRequests
+from proxy.logs.upstream_failures import UpstreamFailures
 from proxy.routes import Route, Router
 from proxy.sse import SSEDecoder
 from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
@@ -301,6 +302,7 @@ class Forwarder:
         prices: PriceTable | None = None,
         wall_clock: Clock = time.time,
         running: InFlightRequests | None = None,
+        failures: UpstreamFailures | None = None,
     ) -> None:
         self.router = router
         self.telemetry = telemetry
@@ -316,6 +318,7 @@ class Forwarder:
         self.wall_clock = wall_clock  # epoch seconds: rate-limit resets given as dates
         self.body_user = attributor is not None and attributor.body_user
         self.running = running  # the live view reads what runs from here, when it polls
+        self.failures = failures  # the upstreams' failures, as rate-limited warnings
 
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
@@ -379,6 +382,8 @@ class Forwarder:
         except ProxyError as error:  # our own 502/504, never bytes from the wire
             x.status, x.error_type = error.status, error.error_type
             log.debug("upstream request failed: %s", error.message)
+            if self.failures is not None and not self.is_draining():  # draining: our own doing
+                self.failures.before_head(x.route, error)
             return error.response()
         x.upstream = upstream
         x.phase.headers(self.clock())
@@ -400,7 +405,7 @@ class Forwarder:
             MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY,
             upstream.tcp_info,
         )
-        x.error_type, x.t_end = await self._relay(upstream, request, response, x.relay)
+        x.error_type, x.t_end = await self._relay(upstream, request, response, x.relay, x.route)
         return response
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
@@ -431,7 +436,12 @@ class Forwarder:
         return None, None, None
 
     async def _relay(
-        self, upstream: UpstreamResponse, request: web.BaseRequest, response: web.StreamResponse, relay: _Relay
+        self,
+        upstream: UpstreamResponse,
+        request: web.BaseRequest,
+        response: web.StreamResponse,
+        relay: _Relay,
+        route: Route,
     ) -> tuple[str, float | None]:
         """Relay the body to its end; returns the error type of a failed body ("" if none) and,
         when the end came after the last byte written, that byte's time (None: now)."""
@@ -457,6 +467,8 @@ class Forwarder:
             _cut_client(request)  # transparent: the client sees the cut it would have seen upstream
             if relay.done:
                 return "", relay.t_written  # ... but it already had the whole answer
+            if self.failures is not None:
+                self.failures.in_body(route, exc)
             return exc.error_type, None
         try:
             await response.write_eof()

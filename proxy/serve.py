@@ -25,10 +25,12 @@ from proxy.accounting.config import accounting_from, label_name
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
+from proxy.logs.origin import without_credentials
 from proxy.protocol import GuardedAppRunner
 from proxy.routes import default_route_conflict, routes_for
 from proxy.settings import Settings, parse_thresholds
 from proxy.telemetry.accesslog import AccessLog
+from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics, ModelLabels, Recorder
 from proxy.telemetry.sampling import OutcomeSampling
@@ -190,28 +192,33 @@ async def running(
     metrics_runner = GuardedAppRunner(metrics_app, access_log=None, shutdown_timeout=1.0)
     await proxy_runner.setup()
     await metrics_runner.setup()
-    try:
-        await web.TCPSite(proxy_runner, settings.host, settings.port, backlog=2048, reuse_port=worker or None).start()
-        metrics_url = ""
-        if not worker:
-            await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
-            metrics_url = _bound_url(metrics_runner)
-        yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics, live)
-    finally:
-        state.draining = True
-        drained = await _drain(proxy_runner, state, settings.drain_seconds, stop_now)
-        log.info("drain done: %s", drained.describe(settings.drain_seconds))
-        await proxy_runner.cleanup()
-        await metrics_runner.cleanup()
-        wait = HURRIED_SHUTDOWN_SECONDS if stop_now is not None and stop_now.is_set() else TRACE_SHUTDOWN_SECONDS
-        if genai is not None:
-            await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
-        flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
-        if own_meters and meters is not None:
-            flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
-        if own_provider:
-            flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
-        await asyncio.gather(*flushes)
+    # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
+    exporting = own_meters or (own_provider and not worker)
+    async with collector_warnings(os.environ if exporting else {}, log):
+        try:
+            await web.TCPSite(
+                proxy_runner, settings.host, settings.port, backlog=2048, reuse_port=worker or None
+            ).start()
+            metrics_url = ""
+            if not worker:
+                await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
+                metrics_url = _bound_url(metrics_runner)
+            yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics, live)
+        finally:
+            state.draining = True
+            drained = await _drain(proxy_runner, state, settings.drain_seconds, stop_now)
+            log.info("drain done: %s", drained.describe(settings.drain_seconds))
+            await proxy_runner.cleanup()
+            await metrics_runner.cleanup()
+            wait = HURRIED_SHUTDOWN_SECONDS if stop_now is not None and stop_now.is_set() else TRACE_SHUTDOWN_SECONDS
+            if genai is not None:
+                await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
+            flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
+            if own_meters and meters is not None:
+                flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
+            if own_provider:
+                flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
+            await asyncio.gather(*flushes)
 
 
 async def serve(settings: Settings) -> None:
@@ -226,7 +233,8 @@ async def serve(settings: Settings) -> None:
         # garbage collection walks only what requests create. With the OTLP collector down (spans
         # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
         gc.freeze()
-        log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, settings.upstream, srv.metrics_url)
+        upstream = without_credentials(upstream_url(settings.upstream))  # userinfo holds a password
+        log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, upstream, srv.metrics_url)
         if settings.routes:
             log.info("routes: %s", describe_routes(settings))
         if srv.live is not None:

@@ -53,10 +53,12 @@ from pydantic import SecretStr
 from proxy.app import create_metrics_app
 from proxy.inflight import InFlight
 from proxy.lifecycle import Shutdown
+from proxy.logs.origin import without_credentials
 from proxy.protocol import GuardedAppRunner
 from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, genai_metrics_for, metrics_for, telemetry_for
-from proxy.settings import Settings
+from proxy.settings import Settings, upstream_url
 from proxy.telemetry import sdk_internals
+from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
@@ -345,40 +347,43 @@ async def supervising(
     )
     await runner.setup()
     slots = [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
-    try:
-        site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
-        await site.start()
-        mhost, mport = runner.addresses[0][:2]
-        group.metrics_url = f"http://[{mhost}]:{mport}" if ":" in mhost else f"http://{mhost}:{mport}"
-        deadline = time.monotonic() + ready_timeout
-        while group.readiness() != "ready" and time.monotonic() < deadline:
-            if all(s.done() for s in slots):
-                break
-            await asyncio.sleep(0.02)
-        yield group
-    finally:
-        group.draining = group.stopping = True
-        group.signal_all(signal.SIGTERM)
-        limit = settings.drain_seconds + KILL_GRACE
-        done, pending = await asyncio.wait(slots, timeout=limit) if slots else (set(), set())
-        if pending:
-            log.error("workers still running %.0fs after SIGTERM: killing them", limit)
-            group.signal_all(signal.SIGKILL)
-            await asyncio.wait(pending, timeout=5.0)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("worker slot failed", exc_info=task.exception())
-        await runner.cleanup()
-        reserved.close()
-        wait = HURRIED_SHUTDOWN_SECONDS if group.hurried else TRACE_SHUTDOWN_SECONDS
-        if genai is not None:
-            await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
-        flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
-        if meter_provider is None and meters is not None:
-            flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
-        if tracer_provider is None:
-            flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
-        await asyncio.gather(*flushes)
+    # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
+    exporting = tracer_provider is None or meter_provider is None
+    async with collector_warnings(env if exporting else {}, log):
+        try:
+            site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
+            await site.start()
+            mhost, mport = runner.addresses[0][:2]
+            group.metrics_url = f"http://[{mhost}]:{mport}" if ":" in mhost else f"http://{mhost}:{mport}"
+            deadline = time.monotonic() + ready_timeout
+            while group.readiness() != "ready" and time.monotonic() < deadline:
+                if all(s.done() for s in slots):
+                    break
+                await asyncio.sleep(0.02)
+            yield group
+        finally:
+            group.draining = group.stopping = True
+            group.signal_all(signal.SIGTERM)
+            limit = settings.drain_seconds + KILL_GRACE
+            done, pending = await asyncio.wait(slots, timeout=limit) if slots else (set(), set())
+            if pending:
+                log.error("workers still running %.0fs after SIGTERM: killing them", limit)
+                group.signal_all(signal.SIGKILL)
+                await asyncio.wait(pending, timeout=5.0)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("worker slot failed", exc_info=task.exception())
+            await runner.cleanup()
+            reserved.close()
+            wait = HURRIED_SHUTDOWN_SECONDS if group.hurried else TRACE_SHUTDOWN_SECONDS
+            if genai is not None:
+                await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
+            flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
+            if meter_provider is None and meters is not None:
+                flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
+            if tracer_provider is None:
+                flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
+            await asyncio.gather(*flushes)
 
 
 async def serve_group(settings: Settings) -> None:
@@ -388,7 +393,8 @@ async def serve_group(settings: Settings) -> None:
         workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
         log.info(
             "taotrace proxy on %s (%s, pids %s; spans, /metrics and the live view in pid %d) -> %s; metrics on %s/metrics",
-            group.proxy_url, workers, " ".join(map(str, group.pids())), os.getpid(), settings.upstream, group.metrics_url,
+            group.proxy_url, workers, " ".join(map(str, group.pids())), os.getpid(),
+            without_credentials(upstream_url(settings.upstream)), group.metrics_url,
         )  # fmt: skip
         if settings.ui:
             log.info("live view on %s/", group.metrics_url)
