@@ -273,7 +273,7 @@ async def test_behind_routes_the_failing_upstream_is_the_one_named(
 ) -> None:
     dead = closed_port()
     with caplog.at_level(logging.WARNING, logger="taotrace"):
-        async with start_proxy(routes=[f"/dead=http://127.0.0.1:{dead}/v1"]) as p:
+        async with start_proxy(routes=[f"dead:/dead=http://127.0.0.1:{dead}/v1"]) as p:
             assert await post(client, p.url) == 200  # the route for / is alive
             assert await post(client, p.url + "/dead") == 502
     assert warnings_of(caplog) == [f"upstream http://127.0.0.1:{dead} failed: connection refused (answered 502)"]
