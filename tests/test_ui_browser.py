@@ -1,18 +1,23 @@
 """The live view in a real browser: Debian's chromium, headless, driven by Playwright, against
-`taotrace demo` (simulator + proxy) started as a user would start it.
+`taotrace demo` (simulator + proxy) and `taotrace serve`, started as a user would start them.
 
 One screenshot per view lands in the test's tmp dir; with UI_SCREENSHOTS=<dir> (`make
-screenshots` uses docs/) they are written there too, for the README.
+screenshots` uses docs/) the four of docs/live-view.md are written there too. They are taken of
+a realistic session, the demo's traffic and a few requests beside it (a long stream still
+running, a rate limit, a cut stream, an answer that is not streamed), before the test sends its
+hostile model name.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,16 +53,21 @@ class Demo:
         with urllib.request.urlopen(self.view_url + path, timeout=10) as response:
             return json.loads(response.read())
 
-    def post(self, path: str, body: dict[str, Any]) -> int:
+    def post(self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> int:
+        """The response's status; 0 when its body was cut (the client sees the cut, as it should)."""
         request = urllib.request.Request(
-            self.proxy_url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            self.proxy_url + path,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
         )
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=60) as response:
                 response.read()
                 return int(response.status)
         except urllib.error.HTTPError as exc:
             return int(exc.code)
+        except http.client.IncompleteRead:
+            return 0
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +108,7 @@ def _shoot(page: Any, name: str, tmp_path: Path) -> None:
 
 
 def _ids(page: Any) -> list[str]:
-    return list(page.eval_on_selector_all("#requests tbody tr", "rows => rows.map(r => r.dataset.id)"))
+    return list(page.eval_on_selector_all("#finished tr", "rows => rows.map(r => r.dataset.id)"))
 
 
 def _wait_for_ids(page: Any, want: list[str]) -> None:
@@ -108,102 +118,248 @@ def _wait_for_ids(page: Any, want: list[str]) -> None:
         page.wait_for_timeout(100)
 
 
-def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
-    # Beside the demo's runs: an error whose model name is markup, and another dialect.
-    assert (
-        demo.post(
-            "/v1/chat/completions", {"model": XSS, "stream": True, "messages": [{"role": "user", "content": "x"}]}
-        )
-        == 404
+def _chat(
+    model: str, tokens: int, *, stream: bool = True, prompt: str = "Summarise the design review."
+) -> dict[str, Any]:
+    return {"model": model, "max_tokens": tokens, "stream": stream, "messages": [{"role": "user", "content": prompt}]}
+
+
+def _browser(pw: Any, tmp_path: Path, problems: list[str], width: int = 1400) -> tuple[Any, Any]:
+    browser = pw.chromium.launch_persistent_context(  # a fresh profile: --user-data-dir
+        str(tmp_path / f"profile-{width}"),
+        executable_path=CHROMIUM,
+        args=LAUNCH_ARGS,
+        viewport={"width": width, "height": 900},
     )
-    body = {"model": "gpt-4o-mini", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    assert demo.post("/v1/messages", body) == 200
+    page = browser.new_page()
+    page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    return browser, page
+
+
+def _overflow(page: Any) -> int:
+    """How far the page is wider than the window (a table scrolls inside its own box instead)."""
+    return int(page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))
+
+
+def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
+    # Beside the demo's runs, what a real session has: another dialect, an answer that is not
+    # streamed, a rate limit, a stream cut mid-way, and (below) a long stream still running.
+    assert demo.post("/v1/messages", _chat("gpt-4o-mini", 8)) == 200
+    assert demo.post("/v1/chat/completions", _chat("gpt-4o-mini", 24, stream=False)) == 200
+    assert demo.post("/v1/chat/completions", _chat("gpt-4o", 16), {"x-sim-fail": "429"}) == 429
+    assert demo.post("/v1/chat/completions", _chat("gpt-4o-mini", 64), {"x-sim-fail": "cut"}) == 0
     rows = demo.api("/api/requests")["requests"]
-    assert len(rows) == 11  # the demo's warm-up GET, 8 runs, and the two above
+    assert len(rows) == 13  # the demo's warm-up GET, 8 runs, and the four above
+    cut = next(r for r in rows if r["error_type"] == "stream_cut")
+    plain = next(r for r in rows if r["api"] == "chat_completions" and not r["stream"])
+    # gpt-4o at the demo's time scale: ~6 ms a token, so 1,200 tokens run for about 7 s.
+    statuses: list[int] = []
+    long = threading.Thread(
+        target=lambda: statuses.append(
+            demo.post("/v1/chat/completions", _chat("gpt-4o", 1200, prompt="Draft the report."))
+        )
+    )
+    long.start()
 
     problems: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(  # a fresh profile: --user-data-dir
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM,
-            args=LAUNCH_ARGS,
-            viewport={"width": 1400, "height": 900},
-        )
-        page = browser.new_page()
-        page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
-        page.on("pageerror", lambda e: problems.append(str(e)))
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser, page = _browser(pw, tmp_path, problems)
 
-        # Requests: every row, newest first, the markup shown as text and never run.
-        page.goto(demo.view_url + "/#requests")
-        _wait_for_ids(page, [r["id"] for r in rows])
-        cells = page.eval_on_selector_all("#requests tbody td.model", "tds => tds.map(t => t.textContent)")
-        assert XSS in cells
-        assert page.evaluate("window.__xss") is None
-        assert page.locator("#requests tbody img, #requests tbody script").count() == 0
-        assert page.locator("#requests tbody .phasebar .seg.decode").count() == 9  # the streams that decoded
-        _shoot(page, "requests", tmp_path)
+            # Requests: the running stream on top with the phase it reached, then every finished row.
+            page.goto(demo.view_url + "/#requests")
+            _wait_for_ids(page, [r["id"] for r in rows])
+            page.wait_for_selector('#running tr[data-phase="decode"]', timeout=15_000)
+            running = page.text_content("#running tr td.phase") or ""
+            assert running.startswith("running · decode, ") and running.endswith(" tokens"), running
+            (live,) = demo.api("/api/requests")["in_flight"]
+            assert live["model"] == "gpt-4o" and live["phase"] == "decode"
+            assert page.get_attribute("#running tr", "data-id") == live["id"]
+            headers = page.eval_on_selector_all("#requests thead th", "ths => ths.map(t => t.textContent)")
+            for unit in ("TTFT (ms)", "TPOT (ms)", "out (tokens)", "cached in (tokens)", "duration (ms)"):
+                assert unit in headers
+            assert page.locator("#finished .phasebar .seg.decode").count() == 10  # the 8 runs, messages, the cut one
+            unknown = page.text_content(f'#finished tr[data-id="{rows[-1]["id"]}"] td.model')
+            assert unknown == "unknown"  # the warm-up GET names no model, as the overview says
+            _shoot(page, "requests", tmp_path)
+            # Its waterfall so far, growing; it becomes a finished row when it ends.
+            page.click("#running tr")
+            page.wait_for_selector('.wf-row[data-span="decode"] .wf-bar.open')
+            assert page.is_visible("#trace-running")
+            page.go_back()
+            page.wait_for_selector(f'#finished tr[data-id="{live["id"]}"]', timeout=30_000)
+            assert page.locator("#running tr").count() == 0
+            long.join(30)
+            assert statuses == [200]
+            rows = demo.api("/api/requests")["requests"]
+            _wait_for_ids(page, [r["id"] for r in rows])
 
-        # Filters: the page shows exactly what the API selects.
-        page.select_option("#f-api", "messages")
-        _wait_for_ids(page, [r["id"] for r in demo.api("/api/requests?api=messages")["requests"]])
-        assert len(_ids(page)) == 1
-        page.select_option("#f-api", "")
-        page.check("#f-errors")
-        _wait_for_ids(page, [r["id"] for r in demo.api("/api/requests?errors=1")["requests"]])
-        assert page.locator("#requests tbody tr.error").count() == 1
-        page.uncheck("#f-errors")
-        page.select_option("#f-model", "gpt-4o")
-        _wait_for_ids(page, [r["id"] for r in demo.api("/api/requests?model=gpt-4o")["requests"]])
-        page.select_option("#f-model", "")
-        page.fill("#f-slow-ms", "50")
-        page.check("#f-slow")
-        slow = [r["id"] for r in demo.api("/api/requests?slow=0.05")["requests"]]
-        assert 0 < len(slow) < 11
-        _wait_for_ids(page, slow)
-        page.uncheck("#f-slow")
-        _wait_for_ids(page, [r["id"] for r in rows])
+            # Bars on one time scale: the longest fills its cell, the rest are shorter.
+            page.check("#f-scale")
+            widths = page.eval_on_selector_all(
+                "#finished .phasebar", "bars => bars.map(b => b.getBoundingClientRect().width)"
+            )
+            assert max(widths) > 5 * min(widths)
+            page.uncheck("#f-scale")
 
-        # One request: the gpt-4o run's waterfall carries the record's phase durations.
-        big = next(r for r in rows if r["model"] == "gpt-4o")
-        page.click(f'#requests tbody tr[data-id="{big["id"]}"]')
-        page.wait_for_selector('.wf-row[data-span="decode"]')
-        detail = demo.api(f"/api/requests/{big['id']}")
-        spans = {s["name"]: s["end"] - s["start"] for s in detail["spans"]}
-        for name, seconds in (
-            ("network", big["network"]),
-            ("prefill_wait", big["prefill_wait"]),
-            ("decode", big["decode"]),
-        ):
-            shown = float(page.get_attribute(f'.wf-row[data-span="{name}"] .wf-dur', "data-seconds") or "nan")
-            assert shown == pytest.approx(seconds, abs=1e-9) and spans[name] == pytest.approx(seconds, abs=1e-9)
-        prefill = next(s for s in detail["spans"] if s["name"] == "prefill_wait")
-        if sys.platform.startswith("linux"):  # the round trip drawn inside prefill_wait (TCP_INFO)
-            assert page.locator('.wf-row[data-span="prefill_wait"] .wf-rtt').count() == 2
-            rtt = page.get_attribute('.wf-row[data-span="prefill_wait"] .wf-bar', "data-rtt")
-            assert float(rtt or "nan") == prefill["rtt"] > 0
-        assert page.locator("#gaps rect").count() == 47  # 48 tokens
-        assert "gpt-4o" in (page.text_content("#trace-title") or "")
-        assert page.get_attribute("#trace-link", "href") == TRACE_URL.replace("{trace_id}", big["trace_id"])
-        _shoot(page, "waterfall", tmp_path)
+            # Filters: the page shows exactly what the API selects.
+            page.select_option("#f-api", "messages")
+            _wait_for_ids(page, [r["id"] for r in demo.api("/api/requests?api=messages")["requests"]])
+            assert len(_ids(page)) == 1
+            page.select_option("#f-api", "")
+            page.check("#f-errors")
+            _wait_for_ids(page, [r["id"] for r in demo.api("/api/requests?errors=1")["requests"]])
+            assert page.locator("#finished tr.error").count() == 2
+            page.uncheck("#f-errors")
+            page.select_option("#f-model", "gpt-4o")
+            _wait_for_ids(page, [r["id"] for r in demo.api("/api/requests?model=gpt-4o")["requests"]])
+            page.select_option("#f-model", "")
+            page.fill("#f-slow-ms", "50")
+            page.check("#f-slow")
+            slow = [r["id"] for r in demo.api("/api/requests?slow=0.05")["requests"]]
+            assert 0 < len(slow) < len(rows)
+            _wait_for_ids(page, slow)
+            page.uncheck("#f-slow")
+            _wait_for_ids(page, [r["id"] for r in rows])
 
-        # Overview: charts drawn from /api/summary.
-        page.goto(demo.view_url + "/#overview")
-        page.wait_for_selector("#chart-ttft circle.point")
-        assert page.locator("#chart-tpot circle.point").count() >= 2  # gpt-4o-mini and gpt-4o
-        assert page.locator("#per-model tbody tr").count() >= 3
-        assert page.text_content("#c-requests") == "11"
-        _shoot(page, "overview", tmp_path)
+            # One request, reached with the keyboard: the gpt-4o run's waterfall carries the record's phases.
+            big = next(r for r in rows if r["model"] == "gpt-4o" and r["output_tokens"] == 48)
+            page.focus(f'#finished tr[data-id="{big["id"]}"]')
+            page.keyboard.press("Enter")
+            page.wait_for_selector('.wf-row[data-span="decode"]')
+            detail = demo.api(f"/api/requests/{big['id']}")
+            spans = {s["name"]: s["end"] - s["start"] for s in detail["spans"]}
+            for name, seconds in (
+                ("network", big["network"]),
+                ("prefill_wait", big["prefill_wait"]),
+                ("decode", big["decode"]),
+            ):
+                shown = float(page.get_attribute(f'.wf-row[data-span="{name}"] .wf-dur', "data-seconds") or "nan")
+                assert shown == pytest.approx(seconds, abs=1e-9) and spans[name] == pytest.approx(seconds, abs=1e-9)
+            prefill = next(s for s in detail["spans"] if s["name"] == "prefill_wait")
+            if sys.platform.startswith("linux"):  # the round trip drawn inside prefill_wait (TCP_INFO)
+                assert page.locator('.wf-row[data-span="prefill_wait"] .wf-rtt').count() == 2
+                rtt = page.get_attribute('.wf-row[data-span="prefill_wait"] .wf-bar', "data-rtt")
+                assert float(rtt or "nan") == prefill["rtt"] > 0
+            assert page.locator("#gaps rect").count() == 47  # 48 tokens
+            assert "gpt-4o" in (page.text_content("#trace-title") or "")
+            assert page.get_attribute("#trace-link", "href") == TRACE_URL.replace("{trace_id}", big["trace_id"])
+            attrs = dict(
+                page.eval_on_selector_all("#attrs tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+            )
+            assert attrs["timing.ttft"] == f"{big['ttft'] * 1000:.1f} ms"  # ms, as everywhere on the page
+            assert attrs["cost"] == "–" and attrs["error_type"] == "–"  # one symbol for "empty"
+            _shoot(page, "waterfall", tmp_path)
 
-        # Demo: the experiments as plots, beside the table the demo printed.
-        page.goto(demo.view_url + "/#demo")
-        page.wait_for_selector("#chart-input circle")
-        assert page.locator("#chart-input circle").count() == 3
-        assert page.locator("#chart-input line.fit").count() == 1
-        assert page.locator("#chart-cache rect").count() == 3
-        assert page.locator("#chart-models rect").count() == 4
-        assert "prefix_cache" in (page.text_content("#demo-report") or "")
-        _shoot(page, "demo", tmp_path)
-        page.click("#chart-cache rect >> nth=0")  # a bar opens its request's waterfall
-        page.wait_for_selector('.wf-row[data-span="prefill_wait"]')
-        browser.close()
+            # A stream cut mid-way: marked where it broke, with its error type.
+            page.goto(f"{demo.view_url}/#trace/{cut['id']}")
+            mark = page.wait_for_selector(".wf-mark.broke")
+            assert mark.text_content().startswith("✕ stream_cut · last byte ")
+            page.screenshot(path=str(tmp_path / "ui-cut.png"), full_page=True)
+            # An answer that is not streamed: the wait for it has a row of its own.
+            page.goto(f"{demo.view_url}/#trace/{plain['id']}")
+            page.wait_for_selector('.wf-row[data-span="response"]')
+            assert "waiting for the response" in (page.text_content('.wf-row[data-span="response"]') or "")
+
+            # Overview: charts drawn from /api/summary, their time labels inside the chart.
+            page.goto(demo.view_url + "/#overview")
+            page.wait_for_selector("#chart-ttft circle.point")
+            assert page.locator("#chart-tpot circle.point").count() >= 2  # gpt-4o-mini and gpt-4o
+            assert page.locator("#per-model tbody tr").count() >= 3
+            assert page.text_content("#c-requests") == str(len(rows))
+            clipped = page.eval_on_selector_all(
+                ".chart-svg",
+                """svgs => svgs.flatMap(svg => {
+                    const box = svg.getBoundingClientRect();
+                    return [...svg.querySelectorAll("text")].filter(t => {
+                        const r = t.getBoundingClientRect();
+                        return r.left < box.left - 0.5 || r.right > box.right + 0.5;
+                    }).map(t => t.textContent);
+                })""",
+            )
+            assert clipped == []
+            _shoot(page, "overview", tmp_path)
+
+            # Demo: the experiments as plots, and the table the demo printed, whole at 1400 px.
+            page.goto(demo.view_url + "/#demo")
+            page.wait_for_selector("#chart-input circle")
+            assert page.locator("#chart-input circle").count() == 3
+            assert page.locator("#chart-input line.fit").count() == 1
+            assert page.locator("#chart-cache rect").count() == 3
+            assert page.locator("#chart-models rect").count() == 4
+            assert "prefix_cache" in (page.text_content("#demo-report") or "")
+            assert page.evaluate("(e => e.scrollWidth <= e.clientWidth)(document.getElementById('demo-report'))")
+            assert page.is_hidden("#demo-empty")
+            _shoot(page, "demo", tmp_path)
+            page.click("#chart-cache rect >> nth=0")  # a bar opens its request's waterfall
+            page.wait_for_selector('.wf-row[data-span="prefill_wait"]')
+
+            # Last, and not in the screenshots: a model name that is markup is shown as text, never run.
+            xss = _chat(XSS, 8)
+            assert demo.post("/v1/chat/completions", xss) == 404
+            page.goto(demo.view_url + "/#requests")
+            page.wait_for_selector("#finished tr.error td.model")
+            cells = page.eval_on_selector_all("#finished td.model", "tds => tds.map(t => t.textContent)")
+            assert XSS in cells
+            assert page.evaluate("window.__xss") is None
+            assert page.locator("#requests tbody img, #requests tbody script").count() == 0
+            browser.close()
+
+            # A phone's width: nothing wider than the window but the tables, which scroll in their box.
+            narrow, page = _browser(pw, tmp_path, problems, width=420)
+            for view in ("requests", "overview", "demo", f"trace/{big['id']}"):
+                page.goto(f"{demo.view_url}/#{view}")
+                page.wait_for_selector({"requests": "#finished tr", "overview": "#chart-ttft svg",
+                                        "demo": "#chart-input svg"}.get(view, ".wf-row"))  # fmt: skip
+                assert _overflow(page) <= 0, view
+                page.screenshot(path=str(tmp_path / f"ui-420-{view.split('/')[0]}.png"), full_page=True)
+            assert (
+                page.evaluate("getComputedStyle(document.querySelector('.two')).gridTemplateColumns.split(' ').length")
+                == 1
+            )
+            narrow.close()
+    finally:
+        long.join(60)
     assert problems == []
+
+
+def test_a_plain_serve_explains_the_demo_tab_and_asks_a_browser_for_its_token(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--port", "0", "--metrics-port", "0",
+             "--upstream", "http://127.0.0.1:9/"],
+            stdout=sink, stderr=subprocess.STDOUT,
+            env={**os.environ, "TAOTRACE_UI_TOKEN": "view-token-1"},
+        )  # fmt: skip
+    problems: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while "live view on " not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        url = log.read_text().split("live view on ", 1)[1].split()[0].rstrip("/")
+        with sync_api.sync_playwright() as pw:
+            browser, page = _browser(pw, tmp_path, problems)
+            # Without the token a browser gets a page saying how to log in, and logs in from it.
+            response = page.goto(url + "/#demo")
+            assert response is not None and response.status == 401
+            assert "TAOTRACE_UI_TOKEN" in (page.text_content("body") or "")
+            page.fill("input[name=token]", "view-token-1")
+            page.click("button[type=submit]")
+            page.wait_for_selector("#view-requests")
+            assert "view-token-1" not in page.url  # traded for a cookie
+            page.goto(url + "/#demo")
+            page.wait_for_selector("#demo-empty", state="visible")
+            assert "taotrace demo" in (page.text_content("#demo-empty") or "")
+            assert page.is_hidden("#demo-body") and page.is_hidden("#demo-tab")
+            browser.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    # The 401 of the login page is the browser's one console error; nothing else went wrong.
+    assert [p for p in problems if "401" not in p] == []
