@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import re
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -257,18 +258,70 @@ async def test_doctor_through_the_proxy(sim: SimRunning) -> None:
 
 
 async def test_cli_exit_status_and_json(sim: SimRunning) -> None:
-    async def cli(*args: str, key: str | None) -> tuple[int, bytes]:
+    async def cli(*args: str, key: str | None) -> tuple[int, bytes, bytes]:
         env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **({"TAOTOKEN_API_KEY": key} if key else {})}
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", "doctor", "--base-url", sim.base_url, *args,
-            env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        assert SECRET.encode() not in out
-        return proc.returncode or 0, out
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert SECRET.encode() not in out + err
+        return proc.returncode or 0, out, err
 
-    code, out = await cli("--json", key=SECRET)
-    doc = json.loads(out)
+    code, out, err = await cli("--json", key=SECRET)
+    doc = json.loads(out)  # stdout is only the JSON; the checks as they ended are on stderr (not a terminal)
     assert code == 0 and doc["ok"] is True and [c["status"] for c in doc["checks"]] == ["ok"] * 5
-    code, out = await cli(key=None)
-    assert code == 1 and b"FAIL  auth" in out and b"export TAOTOKEN_API_KEY" in out
+    assert [line.split(":")[1] for line in err.decode().splitlines()] == [
+        f" {name} ok" for name in ("key", "network", "auth", "model", "stream")
+    ]
+    code, out, err = await cli(key=None)
+    assert code == 1 and b"FAIL  auth" in out and b"export TAOTOKEN_API_KEY" in out and err == b""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+async def test_checks_show_as_they_end_and_ctrl_c_keeps_them(as_json: bool) -> None:
+    """A real process and a real SIGINT, against an endpoint whose stream never comes: the four
+    checks before it were printed as each ended; Ctrl-C ends the fifth, exit 130, no traceback."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/models"):
+            return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(3600)  # the stream stalls (a cancelled handler when the client leaves)
+        return response
+
+    fake = await FakeUpstream(handler).start()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "doctor", "--base-url", fake.url + "/v1", "--model", "m",
+        *(["--json"] if as_json else []),
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    shown = proc.stderr if as_json else proc.stdout  # --json: stdout is the JSON, at the end
+    assert shown is not None
+    try:
+        lines = [(await asyncio.wait_for(shown.readline(), 30)).decode() for _ in range(4 if as_json else 5)]
+        assert proc.returncode is None  # the stream check is under way: the others were shown as they ended
+        await asyncio.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 15)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await fake.close()
+    said = err.decode()
+    assert proc.returncode == 130 and "doctor: interrupted during the stream check\n" in said, said
+    assert "Traceback" not in said
+    if as_json:
+        assert [line.split(":")[1] for line in lines] == [" key ok", " network ok", " auth ok", " model ok"]
+        doc = json.loads(out)
+        assert doc["interrupted"] is True and doc["ok"] is False
+        assert [(c["name"], c["status"]) for c in doc["checks"]][3:] == [("model", "ok"), ("stream", "skip")]
+        assert doc["checks"][-1]["detail"] == "interrupted"
+    else:
+        assert lines[0] == f"taotrace doctor: {fake.url}/v1, model m\n"
+        assert [line.split()[:2] for line in lines[1:]] == [["ok", n] for n in ("key", "network", "auth", "model")]
+        assert out == b""  # nothing after them: no "all checks passed"

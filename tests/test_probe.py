@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from proxy.timing import RequestRecord
 from proxy.tools.client import Call, measure
 from proxy.tools.clientconfig import load_target
 from proxy.tools.probe import ProbeSettings, probe, report
+from proxy.tools.progress import Progress
 from tests.fakes import FakeUpstream, chat_chunk, sse, stream_handler, usage_chunk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,3 +223,57 @@ async def test_a_bad_base_url_is_told_as_doctor_tells_it(
     network = (await diagnose(load_target(DoctorSettings(base_url=base_url, api_key="k"))))[1]
     assert network.status == "fail" and network.fix == fix
     assert said == f"probe: {network.detail}; {fix}\n"
+
+
+# --- progress and Ctrl-C -------------------------------------------------------------------
+
+
+def test_progress_rewrites_one_line_on_a_terminal_and_logs_lines_elsewhere() -> None:
+    terminal, log = io.StringIO(), io.StringIO()
+    for stream, tty in ((terminal, True), (log, False)):
+        shown = Progress(stream, tty=tty)
+        shown.running("probe: run 1/2")
+        shown.done("probe: run 1/2: TTFT 10.0 ms")
+        shown.running("probe: run 2/2")
+        shown.clear()
+        shown.clear()  # nothing left to wipe
+    assert terminal.getvalue() == "\r\033[K  probe: run 1/2 ...\r\033[K  probe: run 2/2 ...\r\033[K"
+    assert log.getvalue() == "probe: run 1/2: TTFT 10.0 ms\n"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+async def test_runs_show_as_they_finish_and_ctrl_c_prints_those_finished(sim: SimRunning, as_json: bool) -> None:
+    """A real process and a real SIGINT: the finished runs were on stderr as they ended, and after
+    Ctrl-C stdout holds them (a table, or pure JSON), with exit 130 and no traceback."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "probe", "--base-url", sim.base_url, "--runs", "50", "--max-tokens", "200",
+        *(["--json"] if as_json else []),
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        shown = [(await asyncio.wait_for(proc.stderr.readline(), 30)).decode() for _ in range(2)]
+        assert proc.returncode is None  # still running: each run was shown as it ended
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 15)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    for n, line in enumerate(shown, 1):
+        assert re.fullmatch(rf"probe: run {n}/50: TTFT [\d.]+ ms, total [\d.]+ ms, 200 tokens, [\d.]+ tok/s\n", line)
+    said = err.decode()
+    found = re.search(r"probe: interrupted during run (\d+) of 50; the (\d+) finished are below\n", said)
+    assert proc.returncode == 130 and found is not None, said
+    finished = int(found[2])
+    assert int(found[1]) == finished + 1 and finished >= 2 and "Traceback" not in said
+    if as_json:
+        doc = json.loads(out)
+        assert doc["interrupted"] is True and len(doc["runs"]) == finished
+        assert all(run["output_tokens"] == 200 for run in doc["runs"])
+    else:
+        rows = [line for line in out.decode().splitlines() if re.match(r"\d+ ", line)]
+        assert [row.split()[0] for row in rows] == [str(n) for n in range(1, finished + 1)]
+        assert "median: TTFT" in out.decode()

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, suppress
 from pathlib import Path
-from typing import Literal, TextIO, TypeVar
+from typing import Literal, TextIO
 
 import aiohttp
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -38,11 +38,12 @@ from proxy.tools.client import Call, api_name, auth_headers, measure
 from proxy.tools.clientconfig import key_hint, key_places
 from proxy.tools.command import taotrace_command
 from proxy.tools.experiments import Run, RunResult, format_report, plan, plot_json, to_json
+from proxy.tools.progress import Progress
+from proxy.tools.stoppable import unless_stopped
 
 __all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
 
 RECORD_WAIT_S = 5.0
-T = TypeVar("T")
 
 
 class DemoSettings(BaseSettings):
@@ -175,10 +176,6 @@ def _failure(failed: RunResult, key: str | None) -> str:
     return f"{failed.run.experiment} {failed.run.label} failed: {failed.client.error}"
 
 
-def _progress(label: str) -> None:
-    print(f"\r\033[K  running {label} ...", end="", file=sys.stderr, flush=True)
-
-
 def _sim_kv(sim: SimRunning) -> Callable[[str | None], int | None]:
     def lookup(response_id: str | None) -> int | None:
         found = sim.simulator.request_stats(response_id) if response_id else None
@@ -197,24 +194,6 @@ def _how_to(proxy_url: str, metrics_url: str, upstream: str, live: bool, command
         f"  measure:        {command} probe --base-url {proxy_url}/v1 --prompt-repeat 40\n"
         "Ctrl-C to stop.\n"
     )
-
-
-async def _unless_stopped(work: Awaitable[T], shutdown: Shutdown | None) -> T | None:
-    """`work`'s result, or None when a signal came first (then `work` is cancelled)."""
-    if shutdown is None:
-        return await work
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(shutdown.wait())
-    try:
-        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with suppress(asyncio.CancelledError):
-        await task
-    return None
 
 
 async def demo(
@@ -262,13 +241,16 @@ async def demo(
             upstream=upstream, host=settings.host, port=port, metrics_host=settings.host, metrics_port=metrics_port
         )
         srv = await stack.enter_async_context(proxy_running(proxy_settings, on_record=records.add, stop_now=stop_now))
-        progress = _progress if sys.stderr.isatty() and not settings.json_output else (lambda _: None)
-        results = await _unless_stopped(
+        shown = Progress(sys.stderr, tty=sys.stderr.isatty() and not settings.json_output)
+
+        def progress(label: str) -> None:
+            shown.running(f"running {label}")
+
+        results = await unless_stopped(
             experiments(srv.proxy_url + "/v1", settings, records, api_key=key, kv_bytes=kv, progress=progress),
             shutdown,
         )
-        if sys.stderr.isatty() and not settings.json_output:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        shown.clear()
         if results is None:
             print("demo: interrupted", file=sys.stderr)
             return 130, []

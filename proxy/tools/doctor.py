@@ -24,7 +24,10 @@
 
 It stops at the first failure with a one-line cause and a concrete fix; the exit status is 0
 only when every check passes (warnings allowed). A proxy variable that cannot work is exit 2 and
-one line, as for `probe` and `serve`.
+one line, as for `probe` and `serve`. Each check is printed as it ends (on a terminal, the one
+under way shows on stderr; with `--json`, stdout keeps only the JSON and finished checks are
+lines on stderr when it is not a terminal). Ctrl-C stops the check under way: the ones finished
+stay printed (`"interrupted": true` in `--json`) and the exit status is 130.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import os
 import re
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
@@ -58,8 +61,10 @@ from proxy.tools.clientconfig import (
     parse_base_url,
     shown_url,
 )
+from proxy.tools.progress import Progress
 from proxy.tools.reach import Unreachable, reach
 from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, os_reason, route_for
+from proxy.tools.stoppable import signals, unless_stopped
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
 
@@ -406,38 +411,78 @@ CHECKS: tuple[tuple[str, Callable[[_State], Awaitable[str | Caution]]], ...] = (
 )
 
 
+def _no_progress(_name: str, _check: Check | None) -> None:
+    return None
+
+
 async def diagnose(
     target: Target,
     timeout: float = 10.0,
     *,
     environ: Mapping[str, str] = os.environ,
     tls: ssl.SSLContext | None = None,
+    results: list[Check] | None = None,
+    progress: Callable[[str, Check | None], None] = _no_progress,
 ) -> list[Check]:
     """Run the checks in order; stop at the first failure (the rest are `skip`).
     `environ`: where `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` are read; `tls`: the trust to
-    check certificates with (default: the system's, as it is now)."""
+    check certificates with (default: the system's, as it is now). Each outcome is appended to
+    `results` as it is known (an interrupted run keeps them); `progress(name, None)` is called as
+    a check starts, `progress(name, check)` as its outcome is known."""
     state = _State(target, timeout, environ, tls if tls is not None else tls_context())
-    results: list[Check] = []
+    results = [] if results is None else results
     failed = False
     for name, check in CHECKS:
         if failed:
             results.append(Check(name, "skip", "not run"))
+            progress(name, results[-1])
             continue
+        progress(name, None)
         try:
             outcome = await check(state)
         except Failed as exc:
             results.append(Check(name, "fail", exc.cause, exc.fix))
             failed = True
-            continue
-        if isinstance(outcome, Caution):
-            results.append(Check(name, "warn", outcome.detail, outcome.fix, outcome.warning))
         else:
-            results.append(Check(name, "ok", outcome))
+            if isinstance(outcome, Caution):
+                results.append(Check(name, "warn", outcome.detail, outcome.fix, outcome.warning))
+            else:
+                results.append(Check(name, "ok", outcome))
+        progress(name, results[-1])
     return results
 
 
-def report(target: Target, checks: list[Check], as_json: bool, out: TextIO) -> int:
-    ok = all(c.status in ("ok", "warn") for c in checks)
+_MARKS = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "skip": "-   "}
+
+
+def _header(target: Target) -> str:
+    return f"taotrace doctor: {_shown(target.base_url)}, model {target.model}\n"
+
+
+def _lines(c: Check) -> str:
+    """One check as the report prints it: its line, then its warning and fix under the detail."""
+    text = f"  {_MARKS[c.status]}  {c.name:<8} {c.detail if c.status != 'skip' else ''}".rstrip() + "\n"
+    if c.warning:
+        text += f"        {'':<8} warning: {c.warning}\n"
+    if c.fix:
+        text += f"        {'':<8} fix: {c.fix}\n"
+    return text
+
+
+def _passed(checks: Sequence[Check]) -> bool:
+    return all(c.status in ("ok", "warn") for c in checks)
+
+
+def _footer(checks: Sequence[Check]) -> str:
+    warned = sum(c.status == "warn" for c in checks)
+    if not _passed(checks):
+        return ""
+    return "all checks passed" + (f" ({warned} warning{'s' if warned > 1 else ''})" if warned else "") + "\n"
+
+
+def report(target: Target, checks: list[Check], as_json: bool, out: TextIO, interrupted: bool = False) -> int:
+    """The whole report (text or JSON); the exit status: 0 when every check passed, else 1."""
+    ok = _passed(checks)
     if as_json:
         doc: dict[str, Any] = {
             "base_url": _shown(target.base_url),
@@ -445,20 +490,30 @@ def report(target: Target, checks: list[Check], as_json: bool, out: TextIO) -> i
             "ok": ok,
             "checks": [asdict(c) for c in checks],
         }
+        if interrupted:
+            doc["interrupted"] = True
         out.write(json.dumps(doc, indent=2) + "\n")
         return 0 if ok else 1
-    out.write(f"taotrace doctor: {_shown(target.base_url)}, model {target.model}\n")
-    marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "skip": "-   "}
-    for c in checks:
-        out.write(f"  {marks[c.status]}  {c.name:<8} {c.detail if c.status != 'skip' else ''}".rstrip() + "\n")
-        if c.warning:
-            out.write(f"        {'':<8} warning: {c.warning}\n")
-        if c.fix:
-            out.write(f"        {'':<8} fix: {c.fix}\n")
-    warned = sum(c.status == "warn" for c in checks)
-    if ok:
-        out.write("all checks passed" + (f" ({warned} warning{'s' if warned > 1 else ''})" if warned else "") + "\n")
+    out.write(_header(target) + "".join(_lines(c) for c in checks) + _footer(checks))
     return 0 if ok else 1
+
+
+def _show(progress: Progress, out: TextIO | None) -> Callable[[str, Check | None], None]:
+    """doctor's progress: the check under way on a terminal; each finished check on `out` (the
+    text report, printed as it goes) or, for --json (`out` None), as a line in a log."""
+
+    def show(name: str, check: Check | None) -> None:
+        if check is None:
+            progress.running(f"doctor: checking {name}")
+            return
+        progress.clear()
+        if out is not None:
+            out.write(_lines(check))
+            out.flush()
+        elif check.status != "skip":
+            progress.done(f"doctor: {name} {check.status}: {check.detail.splitlines()[0]}")
+
+    return show
 
 
 def run(settings: DoctorSettings, out: TextIO = sys.stdout) -> int:
@@ -475,5 +530,30 @@ def run(settings: DoctorSettings, out: TextIO = sys.stdout) -> int:
     except ValueError as exc:
         print(f"doctor: {exc}; {BAD_VARIABLE_FIX}", file=sys.stderr)
         return 2
-    checks = asyncio.run(diagnose(target, settings.timeout))
-    return report(target, checks, settings.json_output, out)
+    checks: list[Check] = []
+    progress = Progress(sys.stderr)
+    as_text = not settings.json_output
+    if as_text:
+        out.write(_header(target))
+        out.flush()
+
+    async def main() -> bool:
+        """Whether the checks all ran (False: a signal stopped them)."""
+        shutdown = signals()
+        work = diagnose(target, settings.timeout, results=checks, progress=_show(progress, out if as_text else None))
+        return await unless_stopped(work, shutdown) is not None
+
+    finished = asyncio.run(main())
+    progress.clear()
+    if not finished:
+        current = CHECKS[len(checks)][0]
+        print(f"doctor: interrupted during the {current} check", file=sys.stderr)
+        checks.append(Check(current, "skip", "interrupted"))
+        checks += [Check(name, "skip", "not run") for name, _ in CHECKS[len(checks) :]]
+        if not as_text:
+            report(target, checks, True, out, interrupted=True)
+        return 130
+    if not as_text:
+        return report(target, checks, True, out)
+    out.write(_footer(checks))
+    return 0 if _passed(checks) else 1

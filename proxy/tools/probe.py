@@ -8,6 +8,10 @@ the TTFT is the network: opening the connection plus one round trip, from the ke
 "network_s", "forward_proxy", ...}`; with `--runs` > 1 the top-level numbers are medians and
 `runs` lists each one.
 
+Runs are shown as they finish (`proxy.tools.progress`, on stderr: stdout keeps only the result,
+so `--json` stays JSON). Ctrl-C stops the run under way and prints the runs already finished
+(with `"interrupted": true` in `--json`); the exit status is then 130.
+
 Behind a corporate proxy the request goes the way `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` say,
 by `serve`'s rules (`proxy.tools.route`); then "opening the connection" is to the forward proxy
 (+ CONNECT + TLS through the tunnel) and the round trip is to the forward proxy, and the output
@@ -21,7 +25,7 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TextIO
 
 import aiohttp
@@ -29,7 +33,9 @@ from pydantic import Field
 
 from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measure, ms, network_share, tls_context
 from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
+from proxy.tools.progress import Progress
 from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, route_for
+from proxy.tools.stoppable import signals, unless_stopped
 from proxy.tools.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
@@ -57,19 +63,33 @@ def _call(settings: ProbeSettings, target: Target) -> Call:
     return Call(api_name(settings.api), target.model, prompt, int(max_tokens), params)
 
 
-async def probe(settings: ProbeSettings, target: Target, route: Route = DIRECT) -> list[Measurement]:
-    """Run the requests one after another on one connection pool, on `route`."""
+def _no_progress(_run: int, _result: Measurement | None) -> None:
+    return None
+
+
+async def probe(
+    settings: ProbeSettings,
+    target: Target,
+    route: Route = DIRECT,
+    *,
+    results: list[Measurement] | None = None,
+    progress: Callable[[int, Measurement | None], None] = _no_progress,
+) -> list[Measurement]:
+    """Run the requests one after another on one connection pool, on `route`, appending each to
+    `results` as it finishes (so an interrupted probe keeps them). `progress(n, None)` is called
+    as run n starts, `progress(n, measurement)` as it ends."""
     call = _call(settings, target)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.timeout, sock_read=settings.timeout)
-    results: list[Measurement] = []
+    results = [] if results is None else results
     timer = ConnectTimer()
     connector = aiohttp.TCPConnector(ssl=tls_context())
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[timer.config]) as session:
-        for _ in range(settings.runs):
-            results.append(
-                await measure(session, target.base_url, call, api_key=target.api_key, connect_timer=timer, route=route)
-            )
-            if not results[-1].ok:
+        for n in range(1, settings.runs + 1):
+            progress(n, None)
+            m = await measure(session, target.base_url, call, api_key=target.api_key, connect_timer=timer, route=route)
+            results.append(m)
+            progress(n, m)
+            if not m.ok:
                 break
     return results
 
@@ -114,8 +134,15 @@ def summary(results: Sequence[Measurement], many: bool) -> dict[str, Any]:
 
 
 def report(
-    settings: ProbeSettings, target: Target, results: Sequence[Measurement], out: TextIO, route: Route = DIRECT
+    settings: ProbeSettings,
+    target: Target,
+    results: Sequence[Measurement],
+    out: TextIO,
+    route: Route = DIRECT,
+    interrupted: bool = False,
 ) -> int:
+    """Print the runs (a table, or JSON); the exit status: 0 when every run succeeded, 1 when one
+    failed, 130 when `interrupted` (what finished is printed all the same)."""
     failed = next((m for m in results if not m.ok), None)
     good = [m for m in results if m.ok]
     if settings.json_output:
@@ -124,6 +151,8 @@ def report(
         doc.update(summary(good, settings.runs > 1))
         if failed is not None:
             doc["error"] = failed.error
+        if interrupted:
+            doc["interrupted"] = True
         out.write(json.dumps(doc, indent=2) + "\n")
     else:
         out.write(f"probe {target.model} via {api_name(settings.api)} at {target.base_url}\n")
@@ -141,7 +170,36 @@ def report(
             out.write(f"network (run {len(good)}): {line}\n")
         if failed is not None:
             out.write(f"error: {failed.error}\n")
+    if interrupted:
+        return 130
     return 0 if failed is None and results else 1
+
+
+def _run_line(n: int, runs: int, m: Measurement) -> str:
+    """One finished run, for the progress line or log."""
+    if not m.ok:
+        return f"run {n}/{runs}: error: {m.error}"
+    return (
+        f"run {n}/{runs}: TTFT {_ms(m.ttft_s)}, total {_ms(m.total_s)}, {m.output_tokens} tokens, "
+        f"{cell(m.tokens_per_s, 1)} tok/s"
+    )
+
+
+def _show(progress: Progress, runs: int) -> Callable[[int, Measurement | None], None]:
+    """probe's progress: on a terminal, the run under way and the last one's TTFT (short: a line
+    wider than the terminal would wrap and not be wiped); in a log, each finished run as a line
+    (when there are several: one run's line would repeat the table)."""
+    last = [""]
+
+    def show(n: int, m: Measurement | None) -> None:
+        if m is None:
+            progress.running(f"probe: run {n}/{runs}{last[0]}")
+            return
+        last[0] = f" (last: TTFT {_ms(m.ttft_s)}, {cell(m.tokens_per_s, 1)} tok/s)" if m.ok else ""
+        if runs > 1:
+            progress.done(f"probe: {_run_line(n, runs, m)}")
+
+    return show
 
 
 def _route_line(route: Route) -> str:
@@ -167,5 +225,18 @@ def run(settings: ProbeSettings, out: TextIO = sys.stdout) -> int:
     except ValueError as exc:
         print(f"probe: {exc}; {BAD_VARIABLE_FIX}", file=sys.stderr)
         return 2
-    results = asyncio.run(probe(settings, target, route))
-    return report(settings, target, results, out, route)
+    results: list[Measurement] = []
+    progress = Progress(sys.stderr)
+
+    async def main() -> bool:
+        """Whether the runs all ended (False: a signal stopped them)."""
+        shutdown = signals()
+        work = probe(settings, target, route, results=results, progress=_show(progress, settings.runs))
+        return await unless_stopped(work, shutdown) is not None
+
+    finished = asyncio.run(main())
+    progress.clear()
+    if not finished:
+        done = f"the {len(results)} finished are below" if results else "no run had finished"
+        print(f"probe: interrupted during run {len(results) + 1} of {settings.runs}; {done}", file=sys.stderr)
+    return report(settings, target, results, out, route, interrupted=not finished)
