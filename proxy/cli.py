@@ -18,7 +18,8 @@ from typing import NoReturn
 from pydantic import BaseModel, ValidationError
 
 from proxy import __version__
-from proxy.flags import add_model_flags, explain
+from proxy.envnames import PREFIX, unknown_variables
+from proxy.flags import add_model_flags, env_names, explain
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,39 @@ def settings_class(command: Command) -> type[BaseModel]:
     return cls
 
 
+def selected(argv: Sequence[str]) -> Command | None:
+    """The command the arguments name, if any."""
+    name = next((a for a in argv if not a.startswith("-")), None)
+    return next((c for c in COMMANDS if c.name == name), None)
+
+
+def known_variables(commands: Sequence[Command]) -> set[str]:
+    """Every environment variable the settings of `commands` read."""
+    known: set[str] = set()
+    for command in commands:
+        cls = settings_class(command)
+        for name in cls.model_fields:
+            known.update(env_names(cls, name))
+    return known
+
+
+def unknown_variable_warnings(command: Command, environ: Mapping[str, str]) -> list[str]:
+    """One line per `TAOTRACE_*` variable no command reads. A name another command reads (say
+    `TAOTRACE_SIM_PORT` in a shared environment) is not a mistake; the other commands' modules
+    are imported only when the selected one does not know a name."""
+    names = [n for n in environ if n.upper().startswith(PREFIX)]
+    if not unknown_variables(names, known_variables([command])):
+        return []
+    return [
+        f"taotrace {command.name}: warning: {u.warning()}" for u in unknown_variables(names, known_variables(COMMANDS))
+    ]
+
+
 def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[Command, BaseModel] | None:
     """The command and its validated settings (None: no command given). Raises `UsageError`;
     argparse's own errors exit 2 with one line."""
-    names = {c.name for c in COMMANDS}
-    selected = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(selected if selected in names else None)
+    wanted = selected(argv)
+    parser = build_parser(None if wanted is None else wanted.name)
     args = parser.parse_args(list(argv))
     command: Command | None = getattr(args, "_command", None)
     if command is None:
@@ -104,8 +132,13 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = selected(argv)
+    if command is not None:  # before the settings are read: a misspelling may be why they fail
+        for line in unknown_variable_warnings(command, os.environ):
+            print(line, file=sys.stderr)
     try:
-        parsed = parse(sys.argv[1:] if argv is None else argv)
+        parsed = parse(argv)
     except UsageError as exc:
         for line in exc.lines:
             print(f"{exc.prog}: error: {line}", file=sys.stderr)

@@ -11,8 +11,9 @@ import asyncio
 import gc
 import logging
 import os
+import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -23,8 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import accounting_from, label_name
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
+from proxy.banner import exposed, exposure_warning, startup_line
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
+from proxy.listen import CannotListen, bind
 from proxy.logs.origin import without_credentials
 from proxy.protocol import GuardedAppRunner
 from proxy.routes import default_route_conflict, routes_for
@@ -33,6 +36,7 @@ from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics, ModelLabels, Recorder
+from proxy.telemetry.otlp_env import span_destination
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
@@ -58,6 +62,7 @@ class Running:
     state: ServerState
     metrics: Metrics
     live: LiveView | None = None  # the live view, unless --no-ui
+    metrics_addresses: tuple[str, ...] = ()  # what the metrics port is bound to (is the live view exposed?)
 
 
 def _bound_url(runner: web.AppRunner) -> str:
@@ -146,6 +151,44 @@ async def running(
     and exports them from each record's `span` (`Telemetry.replay`); without, the group exports none.
     """
     worker = recorder is not None
+    # Every port first: one that cannot be had stops the start here, before exporters, threads
+    # or a drain exist (a worker's port is the group's, held by its supervisor).
+    proxy_socks = bind(
+        settings.host, settings.port, port_flag="--port", host_flag="--host", backlog=2048, reuse_port=worker
+    )
+    metrics_socks: list[socket.socket] = []
+    try:
+        if not worker:
+            metrics_socks = bind(
+                settings.metrics_host, settings.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host"
+            )
+        async with _serving(
+            settings, proxy_socks, metrics_socks, on_record=on_record, tracer_provider=tracer_provider,
+            registry=registry, meter_provider=meter_provider, stop_now=stop_now, recorder=recorder,
+            ship_spans=ship_spans,
+        ) as srv:  # fmt: skip
+            yield srv
+    finally:
+        for sock in proxy_socks + metrics_socks:
+            sock.close()
+
+
+@asynccontextmanager
+async def _serving(
+    settings: Settings,
+    proxy_socks: list[socket.socket],
+    metrics_socks: list[socket.socket],
+    *,
+    on_record: Callable[[RequestRecord], None] | None,
+    tracer_provider: trace.TracerProvider | None,
+    registry: CollectorRegistry | None,
+    meter_provider: MeterProvider | None,
+    stop_now: asyncio.Event | None,
+    recorder: Recorder | None,
+    ship_spans: bool,
+) -> AsyncIterator[Running]:
+    """`running`, on sockets already bound."""
+    worker = recorder is not None
     own_provider = tracer_provider is None
     own_meters = meter_provider is None and not worker
     meters = build_meter_provider() if own_meters else meter_provider
@@ -196,14 +239,15 @@ async def running(
     exporting = own_meters or (own_provider and not worker)
     async with collector_warnings(os.environ if exporting else {}, log):
         try:
-            await web.TCPSite(
-                proxy_runner, settings.host, settings.port, backlog=2048, reuse_port=worker or None
-            ).start()
+            for sock in proxy_socks:
+                await web.SockSite(proxy_runner, sock, backlog=2048).start()
             metrics_url = ""
-            if not worker:
-                await web.TCPSite(metrics_runner, settings.metrics_host, settings.metrics_port).start()
+            for sock in metrics_socks:
+                await web.SockSite(metrics_runner, sock).start()
+            if metrics_socks:
                 metrics_url = _bound_url(metrics_runner)
-            yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics, live)
+            metrics_addresses = tuple(str(address[0]) for address in metrics_runner.addresses)
+            yield Running(_bound_url(proxy_runner), metrics_url, registry, state, metrics, live, metrics_addresses)
         finally:
             state.draining = True
             drained = await _drain(proxy_runner, state, settings.drain_seconds, stop_now)
@@ -233,12 +277,7 @@ async def serve(settings: Settings) -> None:
         # garbage collection walks only what requests create. With the OTLP collector down (spans
         # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
         gc.freeze()
-        upstream = without_credentials(upstream_url(settings.upstream))  # userinfo holds a password
-        log.info("taotrace proxy on %s -> %s; metrics on %s/metrics", srv.proxy_url, upstream, srv.metrics_url)
-        if settings.routes:
-            log.info("routes: %s", describe_routes(settings))
-        if srv.live is not None:
-            log.info("live view on %s/", srv.metrics_url)
+        announce(settings, srv.proxy_url, srv.metrics_url, srv.metrics_addresses, ui=srv.live is not None)
         await shutdown.wait()
         log.info(
             "draining: up to %gs for %d requests in flight; a second Ctrl-C or SIGTERM cuts them now",
@@ -253,6 +292,33 @@ def describe_routes(settings: Settings) -> str:
         f"{r.shown_prefix} -> {r.url.with_user(None).with_password(None)} ({r.name})"
         for r in routes_for(settings.upstream, settings.routes)
     )
+
+
+def announce(
+    settings: Settings,
+    proxy_url: str,
+    metrics_url: str,
+    metrics_addresses: Sequence[str],
+    *,
+    ui: bool,
+    processes: str = "",
+) -> None:
+    """The startup line (one process or a group's supervisor), after the live view's exposure warning."""
+    token = settings.ui_token is not None
+    if ui and not token and exposed(metrics_addresses):
+        log.warning("%s", exposure_warning(metrics_url, capture_content=settings.capture_content))
+    line = startup_line(
+        proxy_url=proxy_url,
+        upstream=str(without_credentials(upstream_url(settings.upstream))),  # userinfo holds a password
+        metrics_url=metrics_url,
+        ui=ui,
+        ui_token=token,
+        spans=span_destination(os.environ),
+        processes=processes,
+    )
+    log.info("%s", line)
+    if settings.routes:
+        log.info("routes: %s", describe_routes(settings))
 
 
 def configure_logging(level: str) -> None:
@@ -287,7 +353,10 @@ def run(settings: Settings) -> int:
             run_loop(serve_group(settings))
         else:
             run_loop(serve(settings))
+    except CannotListen as exc:  # one line naming the address and the flag to change
+        log.error("%s", exc)
+        return 2
     except OSError as exc:
-        log.error("cannot listen: %s", exc)
+        log.error("cannot serve: %s", exc)
         return 1
     return 0

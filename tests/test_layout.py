@@ -7,7 +7,8 @@
     proxy/sim/        the simulated upstream
 
 The core never imports tools/ or sim/; sim/ imports nothing of the proxy but `proxy.lifecycle`
-(the process-lifetime helper every long-running command shares); telemetry/ and ui/ never
+and `proxy.listen` (the process-lifetime and port-binding helpers every long-running command
+shares); telemetry/ and ui/ never
 import tools/ or sim/ (tools/demo may use ui/ to publish its experiments).
 """
 
@@ -63,11 +64,12 @@ def test_lower_layers_never_import_tools_or_sim(layer: str, forbidden: set[str])
     assert not bad, bad
 
 
-def test_sim_imports_nothing_of_the_proxy_but_lifecycle() -> None:
+def test_sim_imports_nothing_of_the_proxy_but_lifecycle_and_listen() -> None:
+    shared = ("proxy.lifecycle", "proxy.listen")
     bad = []
     for path in _modules("sim"):
         for module in _imports(path):
-            if _layer(module) != "sim" and module != "proxy.lifecycle" and not module.startswith("proxy.lifecycle."):
+            if _layer(module) != "sim" and module not in shared and not module.startswith(tuple(m + "." for m in shared)):
                 bad.append(f"{path.relative_to(PKG)} imports {module}")
     assert not bad, bad
 

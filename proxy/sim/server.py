@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
+from proxy.listen import CannotListen, bind
 from proxy.sim.app import SIMULATOR, Simulator, create_app
 from proxy.sim.catalogue import DEFAULT_CATALOGUE, ModelSpec, catalogue_from
 from proxy.sim.settings import SimSettings
@@ -71,10 +73,12 @@ async def running(
 
     app.middlewares.append(tracked)
     # a client that leaves cancels its handler, which frees its batch slot and KV blocks
+    socks = bind(settings.host, settings.port, port_flag="--port", host_flag="--host")
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        for sock in socks:
+            await web.SockSite(runner, sock).start()
         host, port = runner.addresses[0][:2]
         yield SimRunning(f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}", app[SIMULATOR])
     finally:
@@ -84,6 +88,8 @@ async def running(
         if on_drained is not None:
             on_drained(drained)
         await runner.cleanup()
+        for sock in socks:
+            sock.close()
 
 
 def run(settings: SimSettings) -> int:
@@ -103,7 +109,10 @@ def run(settings: SimSettings) -> int:
 
     try:
         run_loop(main())
+    except CannotListen as exc:  # the same line as serve and demo say
+        print(f"taotrace sim: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
-        print(f"taotrace sim: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        print(f"taotrace sim: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return 0

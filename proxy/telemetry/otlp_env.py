@@ -7,8 +7,14 @@ signals read the variables the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
-__all__ = ["otlp_target"]
+__all__ = ["otlp_target", "shown_endpoint", "span_destination", "traces_exporter"]
+
+
+def traces_exporter(env: Mapping[str, str]) -> str:
+    """`OTEL_TRACES_EXPORTER`'s first entry (`otlp` by default, as the SDK's)."""
+    return env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip().lower()
 
 
 def otlp_target(env: Mapping[str, str], signal: str) -> tuple[str, str] | None:
@@ -29,3 +35,32 @@ def otlp_target(env: Mapping[str, str], signal: str) -> tuple[str, str] | None:
     if protocol == "grpc":
         return protocol, specific or generic or ""
     return protocol, specific or f"{(generic or '').rstrip('/')}/v1/{signal}"
+
+
+def shown_endpoint(endpoint: str) -> str:
+    """An endpoint fit to print: no user:password, no query string (it may carry a token)."""
+    text = endpoint.strip()
+    if "://" not in text:  # gRPC's bare `host:port`
+        return text.rsplit("@", 1)[-1].split("?", 1)[0].split("#", 1)[0]
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(an endpoint that is not a URL)"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{'' if port is None else f':{port}'}{parts.path}"
+
+
+def span_destination(env: Mapping[str, str]) -> str:
+    """Where spans go, in words, as `spans.build_tracer_provider` resolves it from `env`."""
+    kind = traces_exporter(env)
+    if kind == "none":
+        return "spans not exported (OTEL_TRACES_EXPORTER=none)"
+    if kind == "console":
+        return "spans printed to stdout (OTEL_TRACES_EXPORTER=console)"
+    target = otlp_target(env, "traces")
+    if target is None:
+        return "spans not exported (set OTEL_EXPORTER_OTLP_ENDPOINT)"
+    protocol, endpoint = target
+    return f"spans to {shown_endpoint(endpoint)} (OTLP {'grpc' if protocol == 'grpc' else 'http/protobuf'})"

@@ -38,7 +38,7 @@ from proxy import __version__
 from proxy.dialects import RequestInfo
 from proxy.routes import Route
 from proxy.telemetry import sdk_internals
-from proxy.telemetry.otlp_env import otlp_target
+from proxy.telemetry.otlp_env import otlp_target, traces_exporter
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.timing import RequestRecord, RequestTiming, SpanStart
 
@@ -49,7 +49,7 @@ log = logging.getLogger("taotrace")
 
 def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
     """The exporter the standard variables ask for; None when nothing is configured."""
-    kind = env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip().lower()
+    kind = traces_exporter(env)
     if kind == "none":
         return None
     if kind == "console":

@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Shutdown, run_loop
+from proxy.listen import CannotListen
 from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running
 from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream, upstream_url
@@ -230,17 +231,25 @@ async def demo(
         if settings.real:
             upstream = settings.upstream
         else:
-            sim = await stack.enter_async_context(
-                sim_running(
-                    SimSettings(host=settings.host, port=settings.sim_port, time_scale=settings.time_scale),
-                    stop_now=stop_now,
+            try:
+                sim = await stack.enter_async_context(
+                    sim_running(
+                        SimSettings(host=settings.host, port=settings.sim_port, time_scale=settings.time_scale),
+                        stop_now=stop_now,
+                    )
                 )
-            )
+            except CannotListen as exc:  # named by demo's flags
+                raise exc.named(port_flag="--sim-port") from None
             upstream, kv = sim.url, _sim_kv(sim)
         proxy_settings = Settings(
             upstream=upstream, host=settings.host, port=port, metrics_host=settings.host, metrics_port=metrics_port
         )
-        srv = await stack.enter_async_context(proxy_running(proxy_settings, on_record=records.add, stop_now=stop_now))
+        try:
+            srv = await stack.enter_async_context(
+                proxy_running(proxy_settings, on_record=records.add, stop_now=stop_now)
+            )
+        except CannotListen as exc:
+            raise exc.named(host_flag="--host") from None
         shown = Progress(sys.stderr, tty=sys.stderr.isatty() and not settings.json_output)
 
         def progress(label: str) -> None:
@@ -289,10 +298,10 @@ def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
 
     try:
         code, _ = run_loop(main())
+    except CannotListen as exc:  # the same line as serve and sim say
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
-        print(
-            f"demo: cannot listen: {exc.strerror or exc} (another taotrace running? try --port/--metrics-port)",
-            file=sys.stderr,
-        )
+        print(f"demo: {exc.strerror or exc}", file=sys.stderr)
         return 1
     return int(code)

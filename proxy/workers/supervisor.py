@@ -53,10 +53,17 @@ from pydantic import SecretStr
 from proxy.app import create_metrics_app
 from proxy.inflight import InFlight
 from proxy.lifecycle import Shutdown
-from proxy.logs.origin import without_credentials
+from proxy.listen import bind
 from proxy.protocol import GuardedAppRunner
-from proxy.serve import HURRIED_SHUTDOWN_SECONDS, TRACE_SHUTDOWN_SECONDS, genai_metrics_for, metrics_for, telemetry_for
-from proxy.settings import Settings, upstream_url
+from proxy.serve import (
+    HURRIED_SHUTDOWN_SECONDS,
+    TRACE_SHUTDOWN_SECONDS,
+    announce,
+    genai_metrics_for,
+    metrics_for,
+    telemetry_for,
+)
+from proxy.settings import Settings
 from proxy.telemetry import sdk_internals
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
@@ -73,26 +80,6 @@ KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker t
 CRASH_WINDOW = 2.0  # a worker that dies sooner than this after starting is restarted with a growing delay
 MAX_BACKOFF = 10.0
 ASK_TIMEOUT = 0.5  # seconds the live view waits for a worker to say what it has in flight
-
-
-def reserve_port(host: str, port: int) -> socket.socket:
-    """Bind (never listen) with SO_REUSEPORT: the port is ours, the workers can join it."""
-    if not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux":
-        raise OSError(
-            "--workers > 1 and --telemetry-process need SO_REUSEPORT (Linux); run one process per replica instead"
-        )
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
-        0
-    ]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind(address)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def instance_id(index: int, base: Mapping[str, str]) -> str:
@@ -124,6 +111,7 @@ class Group:
     metrics_url: str
     metrics: Metrics
     workers: list[_Worker]
+    metrics_addresses: tuple[str, ...] = ()  # what the metrics port is bound to (is the live view exposed?)
     draining: bool = False
     stopping: bool = False
     hurried: bool = False  # a second signal: the last span flush gets less time too
@@ -256,6 +244,9 @@ class _Supervisor:
                 )  # fmt: skip
             finally:
                 child.close()
+            if self.group.stopping:  # the group began stopping while this worker started: it missed the signal
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.send_signal(signal.SIGTERM)
             reader, writer = await asyncio.open_connection(sock=parent)
             worker.writer = writer
             writer.write(encode(("start", self.settings.model_dump(), worker.index, self.ship_spans)))
@@ -305,8 +296,44 @@ async def supervising(
     `tracer_provider` / `meter_provider`: where the group's spans and OTLP metrics go (by
     default, built from `env`'s `OTEL_*`); one passed in is not shut down."""
     env = os.environ if env is None else env
-    reserved = reserve_port(settings.host, settings.port)
-    host, port = reserved.getsockname()[:2]
+    # Both ports before anything else, as uvicorn's parent binds before its workers start: one
+    # that cannot be had is one line and an exit, with no worker started and none to wait for.
+    reserved = bind(  # the proxy port, bound without listening: resolves port 0, held across restarts
+        settings.host, settings.port, port_flag="--port", host_flag="--host", backlog=None, reuse_port=True,
+        exclusive=True,
+    )  # fmt: skip
+    metrics_socks: list[socket.socket] = []
+    try:
+        metrics_socks = bind(
+            settings.metrics_host, settings.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host"
+        )
+        async with _supervised(
+            settings, reserved[0].getsockname()[:2], metrics_socks, on_record=on_record, registry=registry, env=env,
+            ready_timeout=ready_timeout, worker_command=worker_command, tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        ) as group:  # fmt: skip
+            yield group
+    finally:
+        for sock in reserved + metrics_socks:
+            sock.close()
+
+
+@contextlib.asynccontextmanager
+async def _supervised(
+    settings: Settings,
+    address: tuple[str, int],
+    metrics_socks: Sequence[socket.socket],
+    *,
+    on_record: Callable[[RequestRecord], None] | None,
+    registry: CollectorRegistry | None,
+    env: Mapping[str, str],
+    ready_timeout: float,
+    worker_command: Sequence[str],
+    tracer_provider: trace.TracerProvider | None,
+    meter_provider: MeterProvider | None,
+) -> AsyncIterator[Group]:
+    """`supervising`, with the proxy port held at `address` and the metrics port bound."""
+    host, port = address
     # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
     salt = settings.key_salt if settings.key_salt is not None else SecretStr(secrets.token_hex(32))
     worker_settings = settings.model_copy(update={"port": port, "key_salt": salt})
@@ -346,15 +373,17 @@ async def supervising(
         shutdown_timeout=1.0,
     )
     await runner.setup()
-    slots = [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
+    slots: list[asyncio.Future[None]] = []
     # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
     exporting = tracer_provider is None or meter_provider is None
     async with collector_warnings(env if exporting else {}, log):
         try:
-            site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
-            await site.start()
+            for sock in metrics_socks:
+                await web.SockSite(runner, sock).start()
             mhost, mport = runner.addresses[0][:2]
             group.metrics_url = f"http://[{mhost}]:{mport}" if ":" in mhost else f"http://{mhost}:{mport}"
+            group.metrics_addresses = tuple(str(a[0]) for a in runner.addresses)
+            slots += [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
             deadline = time.monotonic() + ready_timeout
             while group.readiness() != "ready" and time.monotonic() < deadline:
                 if all(s.done() for s in slots):
@@ -374,7 +403,6 @@ async def supervising(
                 if not task.cancelled() and task.exception() is not None:
                     log.error("worker slot failed", exc_info=task.exception())
             await runner.cleanup()
-            reserved.close()
             wait = HURRIED_SHUTDOWN_SECONDS if group.hurried else TRACE_SHUTDOWN_SECONDS
             if genai is not None:
                 await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
@@ -391,13 +419,11 @@ async def serve_group(settings: Settings) -> None:
     shutdown = Shutdown().install()
     async with supervising(settings) as group:
         workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
-        log.info(
-            "taotrace proxy on %s (%s, pids %s; spans, /metrics and the live view in pid %d) -> %s; metrics on %s/metrics",
-            group.proxy_url, workers, " ".join(map(str, group.pids())), os.getpid(),
-            without_credentials(upstream_url(settings.upstream)), group.metrics_url,
-        )  # fmt: skip
-        if settings.ui:
-            log.info("live view on %s/", group.metrics_url)
+        pids = " ".join(map(str, group.pids()))
+        processes = f"({workers}, pids {pids}; spans, /metrics and the live view in pid {os.getpid()})"
+        announce(
+            settings, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui, processes=processes
+        )
         await shutdown.wait()
         log.info("draining %s: up to %gs; a second Ctrl-C or SIGTERM cuts them now", workers, settings.drain_seconds)
         asyncio.get_running_loop().create_task(_cut_on(shutdown.now, group))
