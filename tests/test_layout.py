@@ -69,7 +69,11 @@ def test_sim_imports_nothing_of_the_proxy_but_lifecycle_and_listen() -> None:
     bad = []
     for path in _modules("sim"):
         for module in _imports(path):
-            if _layer(module) != "sim" and module not in shared and not module.startswith(tuple(m + "." for m in shared)):
+            if (
+                _layer(module) != "sim"
+                and module not in shared
+                and not module.startswith(tuple(m + "." for m in shared))
+            ):
                 bad.append(f"{path.relative_to(PKG)} imports {module}")
     assert not bad, bad
 

@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.listen import CannotListen
 from proxy.settings import Settings, usable_cores
 from proxy.workers.supervisor import Group, instance_id, supervising
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
@@ -251,15 +252,28 @@ def test_workers_setting() -> None:
         Settings(workers="many")
 
 
-async def test_a_taken_port_is_a_clear_error(slow_upstream: FakeUpstream) -> None:
+@pytest.mark.parametrize("taken", ["port", "metrics_port"])
+async def test_a_taken_port_is_a_clear_error_before_any_worker_starts(
+    slow_upstream: FakeUpstream, taken: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     import socket
 
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        with pytest.raises(OSError):
-            async with supervising(settings(slow_upstream, port=taken.getsockname()[1])):
+    marker = tmp_path / "a-worker-started"
+    start = (sys.executable, "-c", f"open({str(marker)!r}, 'w')")  # a worker would leave this behind
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(CannotListen) as raised:
+            async with supervising(settings(slow_upstream, **{taken: port}), worker_command=start):
                 pass
+    flag = "--" + taken.replace("_", "-")
+    assert str(raised.value) == (
+        f"cannot listen on 127.0.0.1:{port}: address already in use (another taotrace running? "
+        f"choose another port with {flag})"
+    )
+    await asyncio.sleep(0.5)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
