@@ -1,9 +1,9 @@
 """The two aiohttp applications: the proxy (every path forwarded) and the metrics port.
 
-`create_proxy_app` owns the upstream connection pool (`proxy/upstream.py`) through
-`cleanup_ctx`; its shape follows the pitfalls in shared/standards.md: no total timeout (streams
-run for minutes), connect and idle-read timeouts instead, no pool cap by default, no cookies, no
-decompression, no invented headers, and a keep-alive shorter than the upstream's idle timeout.
+`create_proxy_app` owns the upstream connection pools (`proxy.upstream`, one per route) through
+`cleanup_ctx`. Their shape: no total timeout (streams run for minutes), connect and idle-read
+timeouts instead, no pool cap by default, no cookies, no decompression, no invented headers, and
+a keep-alive shorter than the upstream's idle timeout.
 """
 
 from __future__ import annotations

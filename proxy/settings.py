@@ -15,7 +15,6 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
 DEFAULT_UPSTREAM = "https://taotoken.net/api"
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def upstream_url(raw: str) -> URL:

@@ -16,7 +16,6 @@ from proxy.sim.errors import bad_request
 
 __all__ = ["FAILURES", "SimRequest", "parse_request"]
 
-APIS = ("chat_completions", "completions", "responses", "messages")
 FAILURES = frozenset({"429", "500", "503", "midstream", "cut", "stall"})
 _MARKER = re.compile(r"\[sim:([a-z0-9_-]+)\]")
 _EFFORT = frozenset({"minimal", "low", "medium", "high"})
