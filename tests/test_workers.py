@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.lifecycle import Shutdown
 from proxy.listen import CannotListen
 from proxy.settings import Settings, usable_cores
 from proxy.workers.supervisor import Group, instance_id, supervising
@@ -274,6 +275,18 @@ async def test_a_taken_port_is_a_clear_error_before_any_worker_starts(
     )
     await asyncio.sleep(0.5)
     assert not marker.exists()
+
+
+async def test_a_first_signal_ends_the_wait_for_workers_that_never_get_ready(slow_upstream: FakeUpstream) -> None:
+    shutdown = Shutdown()  # not installed: the test gives the signal
+    never_ready = (sys.executable, "-c", "import time; time.sleep(120)")  # never says "ready"
+    asyncio.get_running_loop().call_later(0.5, shutdown.signal)
+    t0 = time.monotonic()
+    async with supervising(
+        settings(slow_upstream), worker_command=never_ready, ready_timeout=60.0, shutdown=shutdown
+    ) as group:
+        assert group.readiness() == "starting"
+    assert time.monotonic() - t0 < 10.0  # not the 60 s ready_timeout
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -288,13 +288,17 @@ async def supervising(
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
+    shutdown: Shutdown | None = None,
 ) -> AsyncIterator[Group]:
     """Start `settings.workers` workers and the group's metrics port; drain them all on exit.
 
     Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
     `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it.
     `tracer_provider` / `meter_provider`: where the group's spans and OTLP metrics go (by
-    default, built from `env`'s `OTEL_*`); one passed in is not shut down."""
+    default, built from `env`'s `OTEL_*`); one passed in is not shut down.
+    `shutdown`: the signals, heard from the start: a first one ends the wait for the workers
+    (a worker that never gets ready must not make Ctrl-C wait for `ready_timeout`), a second
+    cuts the drain at once."""
     env = os.environ if env is None else env
     # Both ports before anything else, as uvicorn's parent binds before its workers start: one
     # that cannot be had is one line and an exit, with no worker started and none to wait for.
@@ -310,7 +314,7 @@ async def supervising(
         async with _supervised(
             settings, reserved[0].getsockname()[:2], metrics_socks, on_record=on_record, registry=registry, env=env,
             ready_timeout=ready_timeout, worker_command=worker_command, tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
+            meter_provider=meter_provider, shutdown=shutdown,
         ) as group:  # fmt: skip
             yield group
     finally:
@@ -331,6 +335,7 @@ async def _supervised(
     worker_command: Sequence[str],
     tracer_provider: trace.TracerProvider | None,
     meter_provider: MeterProvider | None,
+    shutdown: Shutdown | None,
 ) -> AsyncIterator[Group]:
     """`supervising`, with the proxy port held at `address` and the metrics port bound."""
     host, port = address
@@ -386,13 +391,14 @@ async def _supervised(
             slots += [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
             deadline = time.monotonic() + ready_timeout
             while group.readiness() != "ready" and time.monotonic() < deadline:
-                if all(s.done() for s in slots):
+                if all(s.done() for s in slots) or (shutdown is not None and shutdown.requested.is_set()):
                     break
                 await asyncio.sleep(0.02)
             yield group
         finally:
             group.draining = group.stopping = True
             group.signal_all(signal.SIGTERM)
+            cutter = asyncio.ensure_future(_cut_on(shutdown.now, group)) if shutdown is not None else None
             limit = settings.drain_seconds + KILL_GRACE
             done, pending = await asyncio.wait(slots, timeout=limit) if slots else (set(), set())
             if pending:
@@ -402,6 +408,8 @@ async def _supervised(
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     log.error("worker slot failed", exc_info=task.exception())
+            if cutter is not None:
+                cutter.cancel()
             await runner.cleanup()
             wait = HURRIED_SHUTDOWN_SECONDS if group.hurried else TRACE_SHUTDOWN_SECONDS
             if genai is not None:
@@ -417,16 +425,17 @@ async def _supervised(
 async def serve_group(settings: Settings) -> None:
     """`taotrace serve --workers N`: run the group until SIGTERM or SIGINT, then drain it."""
     shutdown = Shutdown().install()
-    async with supervising(settings) as group:
+    async with supervising(settings, shutdown=shutdown) as group:
         workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
-        pids = " ".join(map(str, group.pids()))
-        processes = f"({workers}, pids {pids}; spans, /metrics and the live view in pid {os.getpid()})"
-        announce(
-            settings, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui, processes=processes
-        )
+        if not shutdown.requested.is_set():  # a Ctrl-C while the workers started: straight to the drain
+            pids = " ".join(map(str, group.pids()))
+            processes = f"({workers}, pids {pids}; spans, /metrics and the live view in pid {os.getpid()})"
+            announce(
+                settings, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui,
+                processes=processes,
+            )  # fmt: skip
         await shutdown.wait()
         log.info("draining %s: up to %gs; a second Ctrl-C or SIGTERM cuts them now", workers, settings.drain_seconds)
-        asyncio.get_running_loop().create_task(_cut_on(shutdown.now, group))
 
 
 async def _cut_on(now: asyncio.Event, group: Group) -> None:
