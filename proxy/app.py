@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from proxy.hints import DoubledPrefix
 from proxy.inflight import InFlightRequests
 from proxy.logs.ratelimited import RateLimitedLog, flushing
 from proxy.logs.upstream_failures import UpstreamFailures
+from proxy.mirror import MirrorPolicy
 from proxy.routes import Route, Router, routes_for
 from proxy.settings import Settings, upstream_url
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
@@ -66,6 +68,31 @@ def make_pool(settings: Settings, environ: Mapping[str, str] = os.environ, *, ur
     )
 
 
+def mirror_policy(settings: Settings, environ: Mapping[str, str] = os.environ) -> MirrorPolicy | None:
+    """`--mirror`'s policy from the settings (None: off); the mirror's key read from the
+    variable `--mirror-key-env` names."""
+    if settings.mirror is None or settings.mirror_ratio is None or settings.mirror_max_per_minute is None:
+        return None
+    return MirrorPolicy(
+        route=settings.mirror.lower(),
+        ratio=settings.mirror_ratio,
+        per_minute=settings.mirror_max_per_minute,
+        concurrency=settings.mirror_concurrency,
+        paths=tuple(settings.mirror_paths),
+        key=environ.get(settings.mirror_key_env) if settings.mirror_key_env else None,
+        clock=time.monotonic,
+    )
+
+
+def mirror_for(
+    settings: Settings, upstreams: Sequence[Upstream], environ: Mapping[str, str]
+) -> tuple[MirrorPolicy, Upstream] | None:
+    policy = mirror_policy(settings, environ)
+    if policy is None:
+        return None
+    return policy, next(u for u in upstreams if u.route.name == policy.route)
+
+
 def create_proxy_app(
     settings: Settings,
     telemetry: Telemetry,
@@ -73,12 +100,14 @@ def create_proxy_app(
     state: ServerState,
     observers: Sequence[Observer] = (),
     accounting: Accounting | None = None,
+    mirror_dropped: Callable[[str], None] = lambda reason: None,
     environ: Mapping[str, str] = os.environ,
 ) -> web.Application:
     """The proxy: one catch-all route; the port reserves no path of its own.
 
     Call it on the loop that will serve the app (the upstream pools are bound to it): one pool
-    per route (`--route`), the route for `/` being `--upstream` unless a route claims it."""
+    per route (`--route`), the route for `/` being `--upstream` unless a route claims it. With
+    `--mirror`, copies go to that route's pool; `mirror_dropped(reason)` counts those a cap refused."""
     routes = routes_for(settings.upstream, settings.routes)
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
     app[STATE_KEY] = state
@@ -86,6 +115,10 @@ def create_proxy_app(
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
+        copies = list(forwarder.mirrors)  # no client waits for them: cancelled, not drained
+        for task in copies:
+            task.cancel()
+        await asyncio.gather(*copies, return_exceptions=True)
         await asyncio.gather(*(u.pool.close() for u in upstreams))
 
     warnings = RateLimitedLog(logging.getLogger("taotrace"))
@@ -107,6 +140,8 @@ def create_proxy_app(
         prices=accounting.prices if accounting is not None else None,
         running=state.requests if settings.ui else None,  # without the view, not even a set add
         failures=UpstreamFailures(warnings, environ),
+        mirror=mirror_for(settings, upstreams, environ),
+        mirror_dropped=mirror_dropped,
     )
     app.cleanup_ctx.append(pool_ctx)
     app.cleanup_ctx.append(warnings_ctx)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
+from multidict import CIMultiDict
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from proxy.accounting.attribution import Attributor
@@ -43,6 +44,7 @@ from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error
 from proxy.headers import request_headers, response_headers
 from proxy.inflight import InFlight, InFlightRequests
 from proxy.logs.upstream_failures import UpstreamFailures
+from proxy.mirror import MirrorPolicy, mirror_headers, new_pair_id
 from proxy.routes import Route, Router
 from proxy.sse import SSEDecoder
 from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
@@ -76,6 +78,27 @@ class Upstream:
 
     route: Route
     pool: UpstreamPool
+
+
+class _Discard(asyncio.Transport):
+    """Where a mirror copy's answer is "written": nowhere. The relay times and parses it as it
+    would a client's, so both records of a pair are measured the same way."""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        pass
+
+    def writelines(self, list_of_data: object) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def _never_paused() -> None:
+    return None
 
 
 class _Relay:
@@ -171,8 +194,8 @@ class _Exchange:
     """One request through the proxy, as its handler learns about it; `_finish` records it."""
 
     __slots__ = (
-        "client_headers", "error_type", "info", "method", "path", "phase", "relay", "route", "span", "status", "t_end",
-        "tcp_end", "upstream",
+        "client_headers", "error_type", "info", "method", "mirror", "pair_id", "path", "phase", "relay", "route", "span",
+        "status", "t_end", "tcp_end", "upstream",
     )  # fmt: skip
 
     def __init__(
@@ -186,6 +209,8 @@ class _Exchange:
         route: Route,
     ) -> None:
         self.route = route
+        self.pair_id: str | None = None  # --mirror: shared by the request and its copy
+        self.mirror = False  # this is the copy
         self.method = method
         self.path = path
         self.info = info
@@ -303,7 +328,11 @@ class Forwarder:
         wall_clock: Clock = time.time,
         running: InFlightRequests | None = None,
         failures: UpstreamFailures | None = None,
+        mirror: tuple[MirrorPolicy, Upstream] | None = None,
+        mirror_dropped: Callable[[str], None] = lambda reason: None,
     ) -> None:
+        """`mirror`: the policy and the upstream that copies go to (`proxy/mirror.py`);
+        `mirror_dropped(reason)` counts a copy refused by a cap."""
         self.router = router
         self.telemetry = telemetry
         self.metrics = metrics
@@ -319,6 +348,9 @@ class Forwarder:
         self.body_user = attributor is not None and attributor.body_user
         self.running = running  # the live view reads what runs from here, when it polls
         self.failures = failures  # the upstreams' failures, as rate-limited warnings
+        self.mirror = mirror
+        self.mirror_dropped = mirror_dropped
+        self.mirrors: set[asyncio.Task[None]] = set()  # copies running; cancelled at shutdown
 
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
@@ -353,6 +385,8 @@ class Forwarder:
             log.exception("could not start the request span")
             span = INVALID_SPAN
         x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers, up.route)
+        if self.mirror is not None:
+            self._offer_mirror(x, request, target, body)
         running = self.running
         if running is not None:
             running.add(x)
@@ -407,6 +441,72 @@ class Forwarder:
         )
         x.error_type, x.t_end = await self._relay(upstream, request, response, x.relay, x.route)
         return response
+
+    def _offer_mirror(self, x: _Exchange, request: web.BaseRequest, target: str, body: bytes) -> None:
+        """Start a copy beside the request when the policy says so; never awaited by the handler."""
+        assert self.mirror is not None
+        policy, to = self.mirror
+        try:
+            refused = policy.offer(x.path, x.route.name)
+            if refused:
+                if refused in ("per_minute", "concurrency"):
+                    self.mirror_dropped(refused)
+                return
+            x.pair_id = new_pair_id()
+            headers = mirror_headers(request.headers.items(), policy.key)
+            task = asyncio.ensure_future(self._mirror(to, x, target, body, headers))
+        except Exception:  # a copy must never break the request
+            log.exception("could not start a mirror copy")
+            return
+        self.mirrors.add(task)
+        task.add_done_callback(self._mirror_done)
+
+    def _mirror_done(self, task: asyncio.Task[None]) -> None:
+        self.mirrors.discard(task)
+        assert self.mirror is not None
+        self.mirror[0].done()
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a mirror copy failed", exc_info=task.exception())
+
+    async def _mirror(
+        self, to: Upstream, primary: _Exchange, target: str, body: bytes, headers: CIMultiDict[str]
+    ) -> None:
+        """The copy: the same body to the mirror upstream, its answer read to the end and dropped,
+        recorded with the request's pair id; its span links to the request's."""
+        t0 = self.clock()
+        info, path = primary.info, primary.path
+        query = target.partition("?")[2]
+        try:
+            link = primary.span.get_span_context()
+            span = self.telemetry.start(info, primary.method, path, query, {}, t0, to.route, links=(link,))
+        except Exception:  # telemetry must never break a request
+            log.exception("could not start the mirror's span")
+            span = INVALID_SPAN
+        x = _Exchange(primary.method, path, info, PhaseClock(t0), span, {}, to.route)
+        x.pair_id, x.mirror = primary.pair_id, True
+        try:
+            self.telemetry.inject(span, headers)
+            upstream = await to.pool.request(x.method, to.route.base_path + target, headers.items(), body, x.phase)
+            x.upstream = upstream
+            x.phase.headers(self.clock())
+            x.status = upstream.status
+            decoder, reader, copy = self._parsers(info.api, upstream, x.status)
+            cap = MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY
+            x.relay = _Relay(_Discard(), False, self.clock, x.phase, decoder, reader, copy, cap, upstream.tcp_info)
+            await upstream.relay(x.relay, _never_paused)
+        except ProxyError as error:
+            x.status, x.error_type = error.status, error.error_type
+        except BodyFailure as failure:
+            x.error_type = failure.error_type
+        except asyncio.CancelledError:
+            x.error_type = "shutdown"
+            raise
+        finally:
+            x.release_upstream()
+            try:
+                self._finish(x)
+            except Exception:  # telemetry must never break a request
+                log.exception("telemetry failed for a mirror copy")
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.max_body_bytes
@@ -513,6 +613,8 @@ class Forwarder:
         record = RequestRecord(
             trace_id=None if sampling == "dropped" else self.telemetry.trace_id(x.span),
             upstream=x.route.name,
+            pair_id=x.pair_id,
+            mirror=x.mirror,
             api=info.api,
             operation=info.operation,
             model=info.model,

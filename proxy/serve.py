@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -23,12 +23,13 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import accounting_from, label_name
-from proxy.app import ServerState, create_metrics_app, create_proxy_app, upstream_url
+from proxy.app import ServerState, create_metrics_app, create_proxy_app, mirror_policy, upstream_url
 from proxy.banner import exposed, exposure_warning, startup_line
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.listen import CannotListen, bind
 from proxy.logs.origin import without_credentials
+from proxy.mirror import describe
 from proxy.protocol import GuardedAppRunner
 from proxy.routes import default_route_conflict, routes_for
 from proxy.settings import Settings, parse_thresholds
@@ -216,7 +217,15 @@ async def _serving(
         )
         observers.append(live.observe)
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
-        create_proxy_app(settings, telemetry, sink, state, observers, accounting),
+        create_proxy_app(
+            settings,
+            telemetry,
+            sink,
+            state,
+            observers,
+            accounting,
+            mirror_dropped=lambda reason: metrics.compare.dropped.labels(reason).inc(),
+        ),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)
         shutdown_timeout=settings.drain_seconds,
@@ -286,6 +295,20 @@ async def serve(settings: Settings) -> None:
         )
 
 
+def mirror_notice(settings: Settings, environ: Mapping[str, str]) -> str:
+    """What `--mirror` costs and who gets the copies ("" when off). Raises ValueError for a
+    mirror that cannot run as asked."""
+    policy = mirror_policy(settings, environ)
+    if policy is None:
+        return ""
+    if settings.workers > 1 or settings.telemetry_process:
+        raise ValueError("--mirror runs in one serving process: drop --workers / --telemetry-process to use it")
+    if settings.mirror_key_env and not environ.get(settings.mirror_key_env):
+        raise ValueError(f"--mirror-key-env names {settings.mirror_key_env}, which is not set")
+    route = next(r for r in routes_for(settings.upstream, settings.routes) if r.name == policy.route)
+    return describe(policy, str(route.url.with_user(None)).rstrip("/"), settings.mirror_key_env)
+
+
 def describe_routes(settings: Settings) -> str:
     """`/anthropic -> https://api.anthropic.com (anthropic), / -> ...`: where each prefix goes."""
     return ", ".join(
@@ -339,9 +362,12 @@ def run(settings: Settings) -> int:
             raise ValueError(conflict)
         routes = routes_for(settings.upstream, settings.routes)
         forwards = [(r, forward_proxy_for(r.url, os.environ)) for r in routes]  # a bad HTTPS_PROXY, by name
+        mirror = mirror_notice(settings, os.environ)
     except ValueError as exc:  # never the proxy's credentials: the messages are built without them
         log.error("%s", exc)
         return 2
+    if mirror:
+        log.warning("%s", mirror)
     for route, forward in forwards:
         if forward is not None:
             where = "the upstream" if len(routes) == 1 else f"upstream {route.name}"

@@ -10,11 +10,12 @@ import os
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
 DEFAULT_UPSTREAM = "https://taotoken.net/api"
+DEFAULT_MIRROR_PATHS = ("/chat/completions", "/responses", "/messages")
 
 
 def upstream_url(raw: str) -> URL:
@@ -212,6 +213,33 @@ class Settings(BaseSettings):
         description="price table (TOML or YAML, per million tokens) for taotrace.cost and taotrace_cost_total",
     )
 
+    mirror: str | None = Field(
+        None,
+        min_length=1,
+        description="paired comparison: also send a sampled share of requests to this route's upstream (a route's "
+        "name), read its answer to the end and discard it; the client only ever sees the primary's. Needs the "
+        "ratio and the per-minute cap below",
+        json_schema_extra={"metavar": "ROUTE"},
+    )
+    mirror_ratio: float | None = Field(None, gt=0, le=1, description="with --mirror: the share of requests copied")
+    mirror_max_per_minute: int | None = Field(
+        None, ge=1, description="with --mirror: at most this many copies started per minute (beyond: dropped, counted)"
+    )
+    mirror_concurrency: int = Field(
+        4, ge=1, le=1000, description="with --mirror: copies running at once (beyond: dropped, counted)"
+    )
+    mirror_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_MIRROR_PATHS),
+        description="with --mirror: request paths ending with one of these are copied, nothing else",
+    )
+    mirror_key_env: str | None = Field(
+        None,
+        min_length=1,
+        description="with --mirror: the environment variable holding the mirror's API key (the client's "
+        "Authorization, x-api-key and cookies never go to the mirror)",
+        json_schema_extra={"metavar": "NAME"},
+    )
+
     ui: bool = Field(True, description="serve the live view (/, /api/*) on the metrics port; --no-ui turns it off")
     ui_token: SecretStr | None = Field(
         None,
@@ -229,6 +257,31 @@ class Settings(BaseSettings):
     _check_thresholds = field_validator("keep_slower_than")(check_thresholds)
     _check_upstream = field_validator("upstream")(check_upstream)
     _split_routes = field_validator("routes", mode="before")(split_csv)
+    _split_mirror_paths = field_validator("mirror_paths", mode="before")(split_csv)
+
+    @field_validator("mirror_paths")
+    @classmethod
+    def _valid_mirror_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/") or len(path) < 2:
+                raise ValueError(f"mirror path {path[:60]!r} must be a path ending such as /chat/completions")
+        return value
+
+    @model_validator(mode="after")
+    def _valid_mirror(self) -> Settings:
+        if self.mirror is None:
+            return self
+        if self.mirror_ratio is None or self.mirror_max_per_minute is None:
+            raise ValueError(
+                "--mirror doubles token spend on the requests it copies: give --mirror-ratio (e.g. 0.05) "
+                "and --mirror-max-per-minute (e.g. 10) too"
+            )
+        from proxy.routes import routes_for
+
+        names = [r.name for r in routes_for(self.upstream, self.routes)]
+        if self.mirror.lower() not in names:
+            raise ValueError(f"--mirror {self.mirror[:40]!r} names no route; the routes: {', '.join(names)}")
+        return self
 
     @field_validator("routes")
     @classmethod

@@ -44,6 +44,11 @@ CONTRACT = {
     "taotrace_worker_restarts": ("counter", set()),
     "taotrace_upstream_rtt_seconds": ("histogram", {"upstream", "api", "model"}),
     "taotrace_upstream_retransmits": ("counter", {"upstream", "api", "model"}),
+    # --mirror (no samples unless it is on)
+    "taotrace_compare_ttft_difference_seconds": ("histogram", {"upstream", "mirror", "api", "model", "direction"}),
+    "taotrace_compare_tpot_difference_seconds": ("histogram", {"upstream", "mirror", "api", "model", "direction"}),
+    "taotrace_mirror_requests": ("counter", {"upstream", "api", "error_type"}),
+    "taotrace_mirror_dropped": ("counter", {"reason"}),
 }
 BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # one process, and --workers 2
 

@@ -244,6 +244,8 @@ class GenAIMetrics:
 
     def _record(self, rec: RequestRecord) -> None:
         """Record one request."""
+        if rec.mirror:
+            return  # a --mirror copy: no client asked for it (taotrace_compare_* compares it on /metrics)
         t = rec.timing
         record_many = self._bulk.record
         stages = self._stages.get(rec.api)

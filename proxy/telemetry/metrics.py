@@ -11,6 +11,7 @@ upstream's host): bounded by the configuration.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -168,6 +169,61 @@ class _Attributed:
             self.cost.labels(*where, *values).inc(rec.cost.amount)
 
 
+PAIRS_KEPT = 4096  # --mirror: records waiting for their pair's other half; the oldest go first
+
+
+class _Compare:
+    """`--mirror`: the two records of each pair (shared `pair_id`), the first kept until the
+    second arrives, then the difference mirror − primary of TTFT and TPOT observed.
+
+    A Prometheus histogram holds no negative values, so the difference is split by sign: its
+    size goes to the `direction` = `mirror_slower` (mirror − primary > 0, or 0) or
+    `mirror_faster` series. A pair's share per direction is the ratio of the `_count`s; a
+    quantile is read per direction."""
+
+    def __init__(self, registry: Registry) -> None:
+        labels = ("upstream", "mirror", "api", "model", "direction")
+        self.ttft = Histogram(
+            "taotrace_compare_ttft_difference_seconds",
+            "--mirror pairs: |mirror TTFT - primary TTFT|, direction says which was slower.",
+            labels, buckets=BUCKETS_LATENCY, registry=registry,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "taotrace_compare_tpot_difference_seconds",
+            "--mirror pairs: |mirror TPOT - primary TPOT|, direction says which was slower.",
+            labels, buckets=BUCKETS_TOKEN, registry=registry,
+        )  # fmt: skip
+        self.mirror_requests = Counter(
+            "taotrace_mirror_requests", "--mirror copies sent, by the mirror's route and outcome.",
+            ("upstream", "api", "error_type"), registry=registry,
+        )  # fmt: skip
+        self.dropped = Counter(
+            "taotrace_mirror_dropped", "--mirror copies not sent: a cap (per_minute, concurrency) was reached.",
+            ("reason",), registry=registry,
+        )  # fmt: skip
+        self.waiting: OrderedDict[str, RequestRecord] = OrderedDict()
+
+    def see(self, rec: RequestRecord, model: str) -> None:
+        assert rec.pair_id is not None
+        other = self.waiting.pop(rec.pair_id, None)
+        if other is None:
+            self.waiting[rec.pair_id] = rec
+            if len(self.waiting) > PAIRS_KEPT:
+                self.waiting.popitem(last=False)
+            return
+        primary, mirror = (other, rec) if rec.mirror else (rec, other)
+        if primary.error_type or mirror.error_type or primary.mirror == mirror.mirror:
+            return  # only two good answers compare
+        where = (primary.upstream, mirror.upstream, primary.api, model)
+        for family, a, b in (
+            (self.ttft, primary.timing.ttft, mirror.timing.ttft),
+            (self.tpot, primary.timing.tpot, mirror.timing.tpot),
+        ):
+            if a is not None and b is not None:
+                d = b - a
+                family.labels(*where, "mirror_faster" if d < 0 else "mirror_slower").observe(abs(d))
+
+
 class Recorder(Protocol):
     """What the forwarder records to: `Metrics` in one process, a shipper to the supervisor in a
     worker (proxy/workers/)."""
@@ -275,6 +331,7 @@ class Metrics:
             "taotrace_worker_restarts", "Worker processes that died and were restarted (--workers).", registry=registry
         )
         self.worker_restarts.labels()  # 0 from the start, in one process too
+        self.compare = _Compare(registry)
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._overhead: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
         if collector_registry is not None:
@@ -288,8 +345,13 @@ class Metrics:
         return found
 
     def record(self, rec: RequestRecord) -> None:
-        """Account one finished request."""
+        """Account one finished request (a `--mirror` copy: only in the mirror and compare families)."""
         model = self.models(rec.model)
+        if rec.pair_id is not None:
+            self.compare.see(rec, model)
+            if rec.mirror:
+                self.compare.mirror_requests.labels(rec.upstream, rec.api, rec.error_type).inc()
+                return
         c = self.children(rec.api, model, rec.upstream)
         t = rec.timing
         exemplar = {"trace_id": rec.trace_id} if rec.trace_id else None

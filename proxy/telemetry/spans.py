@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
+    Link,
     Span,
     SpanContext,
     SpanKind,
@@ -193,11 +194,13 @@ class Telemetry:
         carrier: Mapping[str, str],
         t0: float,
         route: Route | None = None,
+        links: Sequence[SpanContext] = (),
     ) -> Span:
         """The root span, continuing the client's `traceparent` when it sent one.
 
         `route`: the upstream the request goes to (`server.*` name it, as the conventions ask of a
-        proxy); default the one given at construction. `path` is the path as the upstream sees it."""
+        proxy); default the one given at construction. `path` is the path as the upstream sees it.
+        `links`: spans this one relates to (a mirror copy's, to the request it copies)."""
         if info.operation is None:
             name = method
         else:
@@ -232,12 +235,17 @@ class Telemetry:
         else:
             context = extract(carrier)
         sdk = self._sdk
-        if self._root_ok and sdk is not None:
+        if self._root_ok and sdk is not None and not links:  # a directly built root carries no links
             self._processors()
             if self._direct and self._sampler_follows(sdk):
                 return sdk_internals.direct_root(sdk, name, context, attributes, self._ns(t0))
         return self.tracer.start_span(
-            name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=self._ns(t0)
+            name,
+            context=context,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=self._ns(t0),
+            links=[Link(c) for c in links if c.is_valid] or None,
         )
 
     def _sampler_follows(self, tracer: SdkTracer) -> bool:
@@ -341,6 +349,9 @@ class Telemetry:
                 attrs[key] = value
         if rec.sampling:
             attrs["taotrace.sampling.reason"] = rec.sampling
+        if rec.pair_id is not None:  # --mirror: the request and its copy
+            attrs["taotrace.pair_id"] = rec.pair_id
+            attrs["taotrace.mirror"] = rec.mirror
         if rec.finish_reasons:  # a tuple: what the SDK's BoundedAttributes would store for a list
             attrs["gen_ai.response.finish_reasons"] = tuple(rec.finish_reasons)
         if rec.tcp is not None:
