@@ -224,3 +224,26 @@ def test_probe_and_doctor_refuse_an_unknown_route_or_both(
     )
     assert main(["doctor", "--route", "a", "--base-url", "http://127.0.0.1:9/v1"]) == 2
     assert "give --route or --base-url, not both" in capsys.readouterr().err
+
+
+def test_the_docs_serve_commands_parse() -> None:
+    import re
+    import shlex
+    from pathlib import Path
+
+    from proxy.cli import parse
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "routes.md").read_text()
+    blocks = re.findall(r"^```\n(.*?)^```", text, flags=re.M | re.S)
+    commands = [
+        line
+        for block in blocks
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("taotrace serve")
+    ]
+    assert len(commands) == 2
+    for command in commands:
+        parsed = parse(shlex.split(command)[1:], environ={})
+        assert parsed is not None
+        settings = parsed[1]
+        assert isinstance(settings, Settings) and settings.routes
