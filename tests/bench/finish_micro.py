@@ -106,7 +106,7 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
         tcp=tcpinfo.request_stats(start, tcpinfo.read(conn), tcpinfo.read(conn)),
     )  # fmt: skip
     metrics = Metrics(CollectorRegistry())
-    metrics.in_flight.labels("chat_completions")
+    metrics.in_flight.labels("", "chat_completions")
     live = LiveView(1000)
     long = replace(record, timing=clock(256).finish(1.3, 256, streaming=True))
     return {
@@ -116,7 +116,7 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
         "rate limits (OpenAI's two)": lambda: read_rate_limits(limited, 1e9),
         "tcpinfo.read + request_stats": lambda: tcpinfo.request_stats(start, tcpinfo.read(conn), tcpinfo.read(conn)),
         "metrics.record": lambda: metrics.record(record),
-        "in-flight gauge labels()": lambda: metrics.in_flight.labels("chat_completions"),
+        "in-flight gauge labels()": lambda: metrics.in_flight.labels("", "chat_completions"),
         "metrics.record, 256 tokens": lambda: metrics.record(long),
         "live view observe": lambda: live.observe(record),
     }
