@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.accounting.config import Accounting
+from proxy.dialects import DIALECTS, Dialects
 from proxy.envproxy import forward_proxy_for
 from proxy.forward import Forwarder, Observer, Upstream
 from proxy.hints import DoubledPrefix
@@ -102,12 +103,14 @@ def create_proxy_app(
     accounting: Accounting | None = None,
     mirror_dropped: Callable[[str], None] = lambda reason: None,
     environ: Mapping[str, str] = os.environ,
+    dialects: Dialects = DIALECTS,
 ) -> web.Application:
     """The proxy: one catch-all route; the port reserves no path of its own.
 
     Call it on the loop that will serve the app (the upstream pools are bound to it): one pool
     per route (`--route`), the route for `/` being `--upstream` unless a route claims it. With
-    `--mirror`, copies go to that route's pool; `mirror_dropped(reason)` counts those a cap refused."""
+    `--mirror`, copies go to that route's pool; `mirror_dropped(reason)` counts those a cap refused.
+    `dialects`: the APIs whose requests and answers are read (every other path is `other`)."""
     routes = routes_for(settings.upstream, settings.routes)
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
     app[STATE_KEY] = state
@@ -142,6 +145,7 @@ def create_proxy_app(
         failures=UpstreamFailures(warnings, environ),
         mirror=mirror_for(settings, upstreams, environ),
         mirror_dropped=mirror_dropped,
+        dialects=dialects,
     )
     app.cleanup_ctx.append(pool_ctx)
     app.cleanup_ctx.append(warnings_ctx)

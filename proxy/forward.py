@@ -29,17 +29,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from proxy.accounting.attribution import Attributor
 from proxy.accounting.prices import Cost, PriceTable, cost_of
 from proxy.accounting.ratelimits import read_rate_limits
-from proxy.dialects import (
-    API_OTHER,
-    RequestInfo,
-    StreamReader,
-    Usage,
-    api_for_path,
-    inspect_request,
-    is_chunk,
-    read_body,
-    reader_for,
-)
+from proxy.dialects import DIALECTS, Dialect, Dialects, RequestInfo, StreamReader, Usage, is_chunk, request_info
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
 from proxy.headers import request_headers, response_headers
 from proxy.inflight import InFlight, InFlightRequests
@@ -194,7 +184,7 @@ class _Exchange:
     """One request through the proxy, as its handler learns about it; `_finish` records it."""
 
     __slots__ = (
-        "client_headers", "error_type", "info", "method", "mirror", "pair_id", "path", "phase", "relay", "route", "span",
+        "client_headers", "dialect", "error_type", "info", "method", "mirror", "pair_id", "path", "phase", "relay", "route", "span",
         "status", "t_end", "tcp_end", "upstream",
     )  # fmt: skip
 
@@ -207,8 +197,10 @@ class _Exchange:
         span: Span,
         client_headers: Mapping[str, str],
         route: Route,
+        dialect: Dialect | None = None,
     ) -> None:
         self.route = route
+        self.dialect = dialect  # None: `other`, forwarded and counted, not parsed
         self.pair_id: str | None = None  # --mirror: shared by the request and its copy
         self.mirror = False  # this is the copy
         self.method = method
@@ -330,10 +322,12 @@ class Forwarder:
         failures: UpstreamFailures | None = None,
         mirror: tuple[MirrorPolicy, Upstream] | None = None,
         mirror_dropped: Callable[[str], None] = lambda reason: None,
+        dialects: Dialects = DIALECTS,
     ) -> None:
         """`mirror`: the policy and the upstream that copies go to (`proxy/mirror.py`);
         `mirror_dropped(reason)` counts a copy refused by a cap."""
         self.router = router
+        self.dialects = dialects
         self.telemetry = telemetry
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -373,10 +367,11 @@ class Forwarder:
             body = await self._read_body(request)
         except ProxyError as exc:
             path = request.rel_url.raw_path
-            self._record_early(api_for_path(path), request.method, path, exc, t0, upstream_name)
+            self._record_early(self.dialects.api_for_path(path), request.method, path, exc, t0, upstream_name)
             return exc.response()
         path, _, query = target.partition("?")  # the path as the upstream sees it, the prefix stripped
-        info = inspect_request(api_for_path(path), body, capture_content=self.capture_content, end_user=self.body_user)
+        dialect = self.dialects.for_path(path)  # once per request: its reader then runs per event
+        info = request_info(dialect, body, capture_content=self.capture_content, end_user=self.body_user)
         gauge = self.metrics.in_flight.labels(upstream_name, info.api)
         gauge.inc()
         try:
@@ -384,7 +379,7 @@ class Forwarder:
         except Exception:  # telemetry must never break a request
             log.exception("could not start the request span")
             span = INVALID_SPAN
-        x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers, up.route)
+        x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers, up.route, dialect)
         if self.mirror is not None:
             self._offer_mirror(x, request, target, body)
         running = self.running
@@ -427,7 +422,7 @@ class Forwarder:
             head.add("Server-Timing", server_timing(x.phase))  # beside the upstream's own, if any
         response = web.StreamResponse(status=x.status, reason=upstream.reason, headers=head)
         await response.prepare(request)
-        decoder, reader, copy = self._parsers(x.info.api, upstream, x.status)
+        decoder, reader, copy = self._parsers(x.dialect, upstream, x.status)
         x.relay = _Relay(
             request.transport,
             response.headers.get("Transfer-Encoding", "").lower() == "chunked",  # aiohttp's choice
@@ -482,7 +477,7 @@ class Forwarder:
         except Exception:  # telemetry must never break a request
             log.exception("could not start the mirror's span")
             span = INVALID_SPAN
-        x = _Exchange(primary.method, path, info, PhaseClock(t0), span, {}, to.route)
+        x = _Exchange(primary.method, path, info, PhaseClock(t0), span, {}, to.route, primary.dialect)
         x.pair_id, x.mirror = primary.pair_id, True
         try:
             self.telemetry.inject(span, headers)
@@ -490,7 +485,7 @@ class Forwarder:
             x.upstream = upstream
             x.phase.headers(self.clock())
             x.status = upstream.status
-            decoder, reader, copy = self._parsers(info.api, upstream, x.status)
+            decoder, reader, copy = self._parsers(x.dialect, upstream, x.status)
             cap = MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY
             x.relay = _Relay(_Discard(), False, self.clock, x.phase, decoder, reader, copy, cap, upstream.tcp_info)
             await upstream.relay(x.relay, _never_paused)
@@ -522,16 +517,16 @@ class Forwarder:
             ) from None
 
     def _parsers(
-        self, api: str, resp: UpstreamResponse, status: int
+        self, dialect: Dialect | None, resp: UpstreamResponse, status: int
     ) -> tuple[SSEDecoder | None, StreamReader | None, bytearray | None]:
         """What to run on the copy: an SSE decoder + dialect reader, or a bounded body copy."""
         encoding = resp.header("Content-Encoding", "identity").lower()
         if encoding != "identity":
             return None, None, None  # compressed: forwarded untouched, not parsed
         ctype = resp.header("Content-Type").lower()
-        if ctype.startswith("text/event-stream") and api != API_OTHER:
-            return SSEDecoder(), reader_for(api, self.capture_content), None
-        if status >= 400 or (api != API_OTHER and "json" in ctype):
+        if ctype.startswith("text/event-stream") and dialect is not None:
+            return SSEDecoder(), dialect.stream_reader(self.capture_content), None
+        if status >= 400 or (dialect is not None and "json" in ctype):
             return None, None, bytearray()
         return None, None, None
 
@@ -588,8 +583,8 @@ class Forwarder:
         if copy is not None and not error_type:
             if status >= 400:
                 error_type = error_type_for_status(status, bytes(copy[:4096]))
-            elif len(copy) < MAX_BODY_COPY:
-                reader = read_body(info.api, bytes(copy), self.capture_content)
+            elif len(copy) < MAX_BODY_COPY and x.dialect is not None:
+                reader = x.dialect.read_body(bytes(copy), self.capture_content)
         elif not error_type and status >= 400:
             error_type = error_type_for_status(status)
         if not error_type and reader is not None and reader.error_type:

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from proxy.accounting.config import accounting_from, label_name
 from proxy.app import ServerState, create_metrics_app, create_proxy_app, mirror_policy, upstream_url
 from proxy.banner import exposed, exposure_warning, startup_line
+from proxy.dialects import DIALECTS, Dialects
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.listen import CannotListen, bind
@@ -139,6 +140,7 @@ async def running(
     stop_now: asyncio.Event | None = None,
     recorder: Recorder | None = None,
     ship_spans: bool = False,
+    dialects: Dialects = DIALECTS,
 ) -> AsyncIterator[Running]:
     """Start the proxy and metrics servers (port 0 allowed); drain and stop on exit.
 
@@ -150,6 +152,7 @@ async def running(
     bound with SO_REUSEPORT, shared with the other workers; its OTLP metrics are the supervisor's.
     A worker exports no spans: with `ship_spans` it starts them here and the supervisor finishes
     and exports them from each record's `span` (`Telemetry.replay`); without, the group exports none.
+    `dialects`: the APIs the proxy reads (`proxy/dialects/`); every other path is `other`.
     """
     worker = recorder is not None
     # Every port first: one that cannot be had stops the start here, before exporters, threads
@@ -166,7 +169,7 @@ async def running(
         async with _serving(
             settings, proxy_socks, metrics_socks, on_record=on_record, tracer_provider=tracer_provider,
             registry=registry, meter_provider=meter_provider, stop_now=stop_now, recorder=recorder,
-            ship_spans=ship_spans,
+            ship_spans=ship_spans, dialects=dialects,
         ) as srv:  # fmt: skip
             yield srv
     finally:
@@ -187,6 +190,7 @@ async def _serving(
     stop_now: asyncio.Event | None,
     recorder: Recorder | None,
     ship_spans: bool,
+    dialects: Dialects,
 ) -> AsyncIterator[Running]:
     """`running`, on sockets already bound."""
     worker = recorder is not None
@@ -225,6 +229,7 @@ async def _serving(
             observers,
             accounting,
             mirror_dropped=lambda reason: metrics.compare.dropped.labels(reason).inc(),
+            dialects=dialects,
         ),
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)

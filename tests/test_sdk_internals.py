@@ -76,13 +76,10 @@ def test_the_root_attribute_bound_is_the_most_a_root_can_carry() -> None:
 
     # Every request parameter any dialect reads, and a structured-output request.
     samples = {int: 2, float: 0.5, list: ["x"]}
-    body: dict[str, object] = {k: samples[kind] for params in dialects._PARAMS.values() for k, _, kind in params}
+    body: dict[str, object] = {k: samples[kind] for d in dialects.DIALECTS for k, _, kind in d.params}
     body |= {"model": "m", "stream": True, "user": "u", "messages": [{"role": "user", "content": "hi"}]}
     body |= {"response_format": {"type": "json_object"}, "text": {"format": {"type": "json_schema"}}}
-    infos = [
-        dialects.inspect_request(api, orjson.dumps(body), capture_content=True, end_user=True)
-        for api in dialects._PARAMS
-    ]
+    infos = [d.inspect(orjson.dumps(body), capture_content=True, end_user=True) for d in dialects.DIALECTS]
     info = max(infos, key=lambda i: len(i.params))
     assert info.content is not None and info.end_user == "u"
     # Attribution at its bound (every header mapped, the key's id, the body's user), every rate limit.

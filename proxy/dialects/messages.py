@@ -1,0 +1,115 @@
+"""Anthropic Messages: `message_start` (usage: input, cache reads and writes),
+`content_block_delta` (the tokens), `message_delta` (cumulative output usage, stop reason),
+`message_stop`; `ping` anywhere; `event: error`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.dialects.dialect import Dialect
+from proxy.dialects.reader import StreamReader, Usage, items, loads, nonempty, nonneg_int
+from proxy.sse import SSEEvent
+
+__all__ = ["API_MESSAGES", "DIALECT", "MessagesReader"]
+
+API_MESSAGES = "messages"
+
+
+def _usage(u: object, previous: Usage | None) -> Usage | None:
+    """Anthropic counts cache reads and writes apart from `input_tokens`; GenAI input includes them."""
+    if not isinstance(u, dict):
+        return previous
+    prev = previous or Usage()
+    base = nonneg_int(u.get("input_tokens"))
+    read = nonneg_int(u.get("cache_read_input_tokens"))
+    write = nonneg_int(u.get("cache_creation_input_tokens"))
+    total = None if base is None and read is None and write is None else (base or 0) + (read or 0) + (write or 0)
+    output = nonneg_int(u.get("output_tokens"))
+    return Usage(
+        input_tokens=total if total is not None else prev.input_tokens,
+        output_tokens=output if output is not None else prev.output_tokens,
+        cached_input_tokens=read if read is not None else prev.cached_input_tokens,
+        reasoning_tokens=prev.reasoning_tokens,
+        cache_creation_input_tokens=write if write is not None else prev.cache_creation_input_tokens,
+    )
+
+
+class MessagesReader(StreamReader):
+    """Anthropic Messages: usage in `message_start` and (cumulative) `message_delta`."""
+
+    __slots__ = ()
+    SKIP = frozenset({"ping", "content_block_start", "content_block_stop", "message_stop"})
+
+    def feed(self, event: SSEEvent) -> bool:
+        kind = event.event
+        if kind in self.SKIP:
+            if kind == "message_stop":  # checked only among the skipped events: free for the deltas
+                self.done = True
+            return False
+        obj = loads(event.data)
+        if not isinstance(obj, dict):
+            return False
+        return self._read(kind, obj)
+
+    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+        typ = obj.get("type")
+        if isinstance(typ, str):
+            kind = typ
+        if kind == "content_block_delta":
+            delta = obj.get("delta")
+            if not isinstance(delta, dict):
+                return False
+            for key in ("text", "thinking", "partial_json"):
+                value = delta.get(key)
+                if nonempty(value):
+                    if key == "text":
+                        self._keep(value)
+                    return True
+            return False
+        if kind == "message_start":
+            message = obj.get("message")
+            if isinstance(message, dict):
+                self._meta(message)
+                self.usage = _usage(message.get("usage"), self.usage)
+        elif kind == "message_delta":
+            self.usage = _usage(obj.get("usage"), self.usage)
+            delta = obj.get("delta")
+            if isinstance(delta, dict):
+                self._finish(delta.get("stop_reason"))
+        elif kind == "message_stop":  # a stream without `event:` lines names it only in the data
+            self.done = True
+        elif kind == "error":
+            self.error_type = "stream_error"
+        return False
+
+    def _read_whole(self, obj: dict[str, Any]) -> None:
+        self._meta(obj)
+        self.usage = _usage(obj.get("usage"), None)
+        self._finish(obj.get("stop_reason"))
+        for block in items(obj.get("content")):
+            if isinstance(block, dict):
+                self._keep(block.get("text"))
+
+
+def _end_user(obj: dict[str, Any]) -> str | None:
+    """The caller's own user id: `metadata.user_id`."""
+    metadata = obj.get("metadata")
+    value = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+DIALECT = Dialect(
+    api=API_MESSAGES,
+    path_suffix="/messages",
+    operation="chat",
+    provider="anthropic",
+    reader=MessagesReader,
+    params=(
+        ("temperature", "gen_ai.request.temperature", float),
+        ("top_p", "gen_ai.request.top_p", float),
+        ("top_k", "gen_ai.request.top_k", float),
+        ("max_tokens", "gen_ai.request.max_tokens", int),
+        ("stop_sequences", "gen_ai.request.stop_sequences", list),
+    ),
+    end_user=_end_user,
+)
