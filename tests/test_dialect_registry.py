@@ -206,3 +206,34 @@ def test_the_toy_reader_is_pure() -> None:
     assert reader.done and reader.text == "Once upon a time" and reader.finish_reasons == ["stop"]
     whole = TOY.read_body(json.dumps({"text": "x", "usage": {"in": 1, "out": 1}}).encode(), capture_content=True)
     assert whole.text == "x" and whole.usage is not None and whole.usage.output_tokens == 1
+
+
+def test_the_documented_example_is_a_working_dialect() -> None:
+    """docs/development.md shows a dialect module whole; it must run and read what it says."""
+    from proxy.sse import SSEDecoder
+
+    doc = (PKG.parent.parent / "docs" / "development.md").read_text()
+    section = doc.split("## Adding a dialect", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict[str, object] = {}
+    exec(compile(code, "docs/development.md", "exec"), scope)
+    example = scope["DIALECT"]
+    assert isinstance(example, Dialect)
+    dialects = Dialects([*DIALECTS, example])
+    assert (
+        dialects.for_path("/v1/generate") is example
+        and dialects.api_for_path("/v1/chat/completions") == "chat_completions"
+    )
+    stream = b'event: piece\ndata: {"piece": "a"}\n\nevent: heartbeat\ndata: {}\n\n'
+    stream += b'event: finish\ndata: {"reason": "stop", "usage": {"in": 2, "out": 1}}\n\n'
+    reader = example.stream_reader()
+    assert [reader.feed(e) for e in SSEDecoder().feed(stream)] == [True, False, False]
+    assert reader.done and reader.usage is not None and reader.usage.output_tokens == 1
+    info = example.inspect(b'{"model": "g-1", "temperature": 0.2}')
+    assert (info.api, info.operation, info.provider, info.model, info.params) == (
+        "generate",
+        "generate_content",
+        "example",
+        "g-1",
+        (("gen_ai.request.temperature", 0.2),),
+    )
