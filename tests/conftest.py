@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--unit",
         action="store_true",
         default=False,
-        help="the unit tier only (make test-fast): deselect e2e tests; a unit test that starts a process fails",
+        help="the unit tier only (make test-fast): deselect e2e tests; a test that starts a process is skipped",
     )
 
 
@@ -62,7 +62,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _unit_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With --unit, a test that starts a process fails and says where it belongs (tests/tiers.py)."""
+    """With --unit, a test that starts a process is skipped, saying where it belongs (tests/tiers.py)."""
     if request.config.getoption("--unit"):
         tiers.forbid_processes(monkeypatch, request.node.nodeid)
 
