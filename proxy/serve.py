@@ -40,6 +40,7 @@ from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, sh
 from proxy.telemetry.metrics import Metrics, ModelLabels, Recorder
 from proxy.telemetry.otlp_env import span_destination
 from proxy.telemetry.sampling import OutcomeSampling
+from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
 from proxy.timing import RequestRecord
 from proxy.ui import LiveView
@@ -96,9 +97,12 @@ def metrics_for(settings: Settings, registry: CollectorRegistry | None) -> Metri
     )
 
 
-def telemetry_for(settings: Settings, provider: trace.TracerProvider, *, ship: bool = False) -> Telemetry:
+def telemetry_for(
+    settings: Settings, provider: trace.TracerProvider, *, ship: bool = False, env: Mapping[str, str] | None = None
+) -> Telemetry:
     """The spans these settings ask for: started and finished in one process, started only
-    (`ship`: a worker), or, in a group's supervisor, finished from what workers ship (`replay`)."""
+    (`ship`: a worker), or, in a group's supervisor, finished from what workers ship (`replay`).
+    `env`: where `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the process environment)."""
     upstream = upstream_url(settings.upstream)
     slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
     return Telemetry(
@@ -114,11 +118,16 @@ def telemetry_for(settings: Settings, provider: trace.TracerProvider, *, ship: b
             duration_over=slow_duration,
         ),
         ship=ship,
+        parent=settings.parent,
+        conventions=Conventions.from_env(os.environ if env is None else env),
     )
 
 
-def genai_metrics_for(settings: Settings, meters: MeterProvider, models: ModelLabels) -> GenAIMetrics:
-    """The OTLP GenAI metrics observer (one process, or a group's supervisor); `server.*` per route."""
+def genai_metrics_for(
+    settings: Settings, meters: MeterProvider, models: ModelLabels, env: Mapping[str, str] | None = None
+) -> GenAIMetrics:
+    """The OTLP GenAI metrics observer (one process, or a group's supervisor); `server.*` per route;
+    the convention names `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for."""
     upstream = upstream_url(settings.upstream)
     return GenAIMetrics(
         meters,
@@ -126,6 +135,7 @@ def genai_metrics_for(settings: Settings, meters: MeterProvider, models: ModelLa
         server_port=upstream.port or 0,
         models=models,
         upstreams={r.name: (r.host, r.port) for r in routes_for(settings.upstream, settings.routes)},
+        conventions=Conventions.from_env(os.environ if env is None else env),
     )
 
 

@@ -150,6 +150,12 @@ class Settings(BaseSettings):
     )
     max_models: int = Field(100, ge=1, description="without an allow-list: distinct model labels before 'other'")
     capture_content: bool = Field(False, description="record prompt and completion text on spans (off: never recorded)")
+    parent: Literal["child", "link", "none"] = Field(
+        "child",
+        description="a caller's traceparent: child (the proxy's span joins the caller's trace), link (a new "
+        "trace whose root links to the caller's span; the caller's traceparent goes upstream unchanged), none "
+        "(a new trace, no link; the caller's traceparent goes upstream unchanged)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="how much the proxy logs")
     access_log: bool = Field(False, description="one log line per request (no keys, no query strings)")
     server_timing: bool = Field(

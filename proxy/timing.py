@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from proxy.accounting.prices import Cost
     from proxy.accounting.ratelimits import RateLimits
 
-__all__ = ["PhaseClock", "RequestRecord", "RequestTiming", "SpanStart"]
+__all__ = ["PhaseClock", "RequestRecord", "RequestTiming", "SpanContextValues", "SpanStart"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +57,10 @@ class RequestTiming:
     time_to_last_byte: float | None = None  # the last body bytes written to the client: where a cut stream broke
 
 
+# A span context in plain values: trace id, span id, flags, remote, trace state
+SpanContextValues = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpanStart:
     """The request's root span as a serving process started it, in plain values: the telemetry
@@ -67,11 +71,12 @@ class SpanStart:
     span_id: int
     trace_flags: int
     trace_state: tuple[tuple[str, str], ...]
-    parent: tuple[int, int, int, bool, tuple[tuple[str, str], ...]] | None  # the client's: ids, flags, remote, state
+    parent: SpanContextValues | None  # the client's: ids, flags, remote, state
     start: int  # epoch ns
     attributes: dict[str, object]  # as set at start (request attributes, parameters, input if captured)
     output: str | None = None  # the output text, only with --capture-content
     offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
+    links: tuple[SpanContextValues, ...] = ()  # `--parent link`: the caller's span
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -179,7 +179,8 @@ def snapshot(span: ReadableSpan) -> tuple[Any, ...]:
     return (
         span.name, ctx(span.context), ctx(span.parent), span.kind, dict(span.attributes or {}),
         span.status.status_code, span.status.description, span.start_time, span.end_time,
-        dict(span.resource.attributes), span.instrumentation_scope, span.events, span.links,
+        dict(span.resource.attributes), span.instrumentation_scope, span.events,
+        tuple((ctx(link.context), dict(link.attributes or {})) for link in span.links),
         span.dropped_attributes, span.dropped_events, span.dropped_links,
     )  # fmt: skip
 
@@ -242,6 +243,46 @@ def test_fast_path_exports_what_the_sdk_path_exports(scenario: str, sampler: str
     if sampler == "traceidratio-half":  # the client's trace id is above the ratio's bound, ours below
         exports = exports and "traceparent" not in src
     assert bool(fast_spans) == exports, "a scenario that exports nothing proves little: expected spans"
+
+
+@pytest.mark.parametrize("parent", ["link", "none"])
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+@pytest.mark.parametrize("scenario", [name for name, (_r, src, _q) in SCENARIOS.items() if "traceparent" in src])
+def test_parent_link_and_none_start_a_trace_of_their_own(scenario: str, sampler: str, parent: str) -> None:
+    """`--parent link|none`: the caller's traceparent goes upstream as it came; the root starts a new
+    trace (linked to the caller's span with `link`); fast and SDK paths export the same."""
+    rec, src, query = SCENARIOS[scenario]
+    results = []
+    for fast in (True, False):
+        provider, exporter, tel = make(SAMPLERS[sampler], "simple", fast, capture_content=True, parent=parent)
+        headers = run(tel, rec, src, query)
+        provider.force_flush()
+        results.append((exporter.spans, list(headers.items())))
+        provider.shutdown()
+    (fast_spans, fast_headers), (sdk_spans, sdk_headers) = results
+    assert fast_headers == sdk_headers == list(src.items())  # unchanged, tracestate and baggage too
+    assert [snapshot(s) for s in fast_spans] == [snapshot(s) for s in sdk_spans]
+    assert encode_spans(fast_spans).SerializeToString() == encode_spans(sdk_spans).SerializeToString()
+    for span in fast_spans:
+        assert format(span.context.trace_id, "032x") != CLIENT_TRACE
+        if span.kind.name == "CLIENT":
+            assert span.parent is None
+            linked = [(format(k.context.trace_id, "032x"), format(k.context.span_id, "016x")) for k in span.links]
+            assert linked == ([(CLIENT_TRACE, CLIENT_SPAN)] if parent == "link" else [])
+    exports = sampler not in ("always_off", "traceidratio-0", "parentbased_off", "ratio-0")  # roots of their own
+    assert bool(fast_spans) == exports
+
+
+def test_parent_link_without_a_caller_trace_is_child_mode() -> None:
+    """No traceparent from the caller: every mode sends ours upstream, as `child` does."""
+    rec, src, query = SCENARIOS["stream"]
+    sent = []
+    for parent in ("child", "link", "none"):
+        provider, exporter, tel = make(None, capture_content=True, parent=parent)
+        sent.append(run(tel, rec, src, query).get("traceparent"))
+        (root,) = [s for s in exporter.spans if s.kind.name == "CLIENT"]
+        ours = f"00-{root.context.trace_id:032x}-{root.context.span_id:016x}-{root.context.trace_flags:02x}"
+        assert root.links == () and sent[-1] == ours
 
 
 ROOT_FAST_SAMPLERS = ("default", "always_on", "parentbased_on", "parentbased_off", "ratio", "traceidratio-half")

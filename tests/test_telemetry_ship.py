@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from proxy.telemetry.spans import Telemetry, build_tracer_provider
 from tests.test_telemetry_fast import (
+    CLIENT_SPAN,
     INFO,
     OFFSET,
     SAMPLERS,
@@ -36,7 +37,9 @@ from tests.test_telemetry_fast import (
 WORKER_OFFSET = OFFSET + 12_345  # the worker's clock offset differs from the supervisor's
 
 
-def shipped(sampler: Any, rec: Any, src: Any, query: str, resource: Resource) -> tuple[list[ReadableSpan], Any]:
+def shipped(
+    sampler: Any, rec: Any, src: Any, query: str, resource: Resource, parent: str = "child"
+) -> tuple[list[ReadableSpan], Any]:
     from multidict import CIMultiDict
 
     worker_provider = (
@@ -46,7 +49,7 @@ def shipped(sampler: Any, rec: Any, src: Any, query: str, resource: Resource) ->
     )
     worker = Telemetry(
         worker_provider, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example",
-        capture_content=True, ship=True,
+        capture_content=True, ship=True, parent=parent,
     )  # fmt: skip
     worker._offset_ns = WORKER_OFFSET
     headers = CIMultiDict(src)
@@ -56,7 +59,7 @@ def shipped(sampler: Any, rec: Any, src: Any, query: str, resource: Resource) ->
     worker.finish(span, rec, "tok0 tok1")
     rec = pickle.loads(pickle.dumps(rec, protocol=pickle.HIGHEST_PROTOCOL))  # as the channel carries it
 
-    provider, exporter, supervisor = make(sampler, capture_content=True)
+    provider, exporter, supervisor = make(sampler, capture_content=True, parent=parent)
     supervisor.replay(rec, resource)
     provider.force_flush()
     provider.shutdown()
@@ -72,18 +75,31 @@ def masked(span: ReadableSpan) -> tuple[Any, ...]:
     return tuple(snap)
 
 
+# --parent link and none change only what a caller's traceparent does
+PARENTED = [
+    (name, parent)
+    for name, (_rec, src, _query) in SCENARIOS.items()
+    for parent in ("child", "link", "none")
+    if parent == "child" or "traceparent" in src
+]
+
+
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_shipped_spans_equal_one_process_spans(scenario: str, sampler: str) -> None:
+@pytest.mark.parametrize("scenario,parent", PARENTED)
+def test_shipped_spans_equal_one_process_spans(scenario: str, parent: str, sampler: str) -> None:
+    """... in every `--parent` mode: the link to the caller's span crosses too."""
     rec, src, query = SCENARIOS[scenario]
-    provider, exporter, tel = make(SAMPLERS[sampler], capture_content=True)
+    provider, exporter, tel = make(SAMPLERS[sampler], capture_content=True, parent=parent)
     tel._offset_ns = WORKER_OFFSET  # the times are the worker's: same clock, same offset
     one_headers = run(tel, rec, src, query)
     provider.force_flush()
     provider.shutdown()
     resource = Resource({"service.name": "taotrace", "service.instance.id": "w-0"})
-    spans, headers = shipped(SAMPLERS[sampler], rec, src, query, resource)
+    spans, headers = shipped(SAMPLERS[sampler], rec, src, query, resource, parent)
     assert headers == list(one_headers.items())
+    if parent == "link" and spans:
+        (root,) = [s for s in spans if s.kind.name == "CLIENT"]
+        assert root.parent is None and [format(link.context.span_id, "016x") for link in root.links] == [CLIENT_SPAN]
     roots = {s.context.span_id for s in exporter.spans if s.kind.name == "CLIENT"}
     assert [masked(s) for s in spans] == [masked(s) for s in exporter.spans]
     # A custom sampler that adds attributes sends the children through the SDK's tracer, whose

@@ -107,7 +107,7 @@ DIALECT = Dialect(
     params=(
         ("temperature", "gen_ai.request.temperature", float),
         ("top_p", "gen_ai.request.top_p", float),
-        ("top_k", "gen_ai.request.top_k", float),
+        ("top_k", "gen_ai.request.top_k", int),
         ("max_tokens", "gen_ai.request.max_tokens", int),
         ("stop_sequences", "gen_ai.request.stop_sequences", list),
     ),

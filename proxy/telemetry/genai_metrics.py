@@ -1,11 +1,12 @@
-"""GenAI semantic-convention metrics (v1.41.0) over OTLP, from finished requests.
+"""GenAI semantic-convention metrics over OTLP, from finished requests.
 
 `build_meter_provider` reads the standard `OTEL_*` variables (export only when
 `OTEL_METRICS_EXPORTER=otlp` or `console`); `GenAIMetrics` is an observer of finished
 `RequestRecord`s. On the event loop it only appends the frozen record to a queue; a worker thread
 records it into the SDK's histograms (`BulkRecorder`: a stream's chunk gaps at once),
-and the SDK's `PeriodicExportingMetricReader` exports them. Names, units, buckets and attributes are the spec's;
-what the spec has no name for lives under `taotrace.*`.
+and the SDK's `PeriodicExportingMetricReader` exports them. Names, units, buckets and attributes are the spec's
+(released names by default, the latest experimental ones or both as `OTEL_SEMCONV_STABILITY_OPT_IN`
+asks: `proxy.telemetry.semconv`); what the spec has no name for lives under `taotrace.*`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
+from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
@@ -29,9 +31,11 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 
 from proxy import __version__
+from proxy.dialects import Usage
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
 from proxy.telemetry.otlp_env import otlp_target
 from proxy.telemetry.sdk_internals import BulkRecorder
+from proxy.telemetry.semconv import LATEST_METRICS, RELEASED_METRICS, Conventions, MetricNames
 from proxy.timing import RequestRecord
 
 __all__ = [
@@ -44,15 +48,14 @@ __all__ = [
 
 log = logging.getLogger("taotrace")
 
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.41.0"
-# The spec's ExplicitBucketBoundaries advice (v1.41.0) for the four gen_ai.client.* histograms.
+# The spec's ExplicitBucketBoundaries advice (v1.41.0, genai v0.1.0) for the gen_ai.client.* histograms.
 BUCKETS_SPEC_SECONDS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 BUCKETS_SPEC_TOKENS = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
 
-DURATION = "gen_ai.client.operation.duration"
-TOKEN_USAGE = "gen_ai.client.token.usage"
-TIME_TO_FIRST_CHUNK = "gen_ai.client.operation.time_to_first_chunk"
-TIME_PER_OUTPUT_CHUNK = "gen_ai.client.operation.time_per_output_chunk"
+DURATION = RELEASED_METRICS.duration
+TOKEN_USAGE = RELEASED_METRICS.tokens
+TIME_TO_FIRST_CHUNK = RELEASED_METRICS.time_to_first_chunk
+TIME_PER_OUTPUT_CHUNK = RELEASED_METRICS.time_per_output_chunk
 TIME_TO_FIRST_TOKEN = "taotrace.time_to_first_token"
 PHASE_DURATION = "taotrace.phase.duration"
 PROXY_OVERHEAD = "taotrace.proxy.overhead"
@@ -61,6 +64,9 @@ _BUCKETS = {
     TOKEN_USAGE: BUCKETS_SPEC_TOKENS,
     TIME_TO_FIRST_CHUNK: BUCKETS_SPEC_SECONDS,
     TIME_PER_OUTPUT_CHUNK: BUCKETS_SPEC_SECONDS,
+    LATEST_METRICS.duration: BUCKETS_SPEC_SECONDS,
+    LATEST_METRICS.time_to_first_chunk: BUCKETS_SPEC_SECONDS,
+    LATEST_METRICS.time_per_output_chunk: BUCKETS_SPEC_SECONDS,
     # Ours: the /metrics buckets (1 ms ... 20 min), since reasoning models think for minutes.
     TIME_TO_FIRST_TOKEN: BUCKETS_LATENCY,
     PHASE_DURATION: BUCKETS_LATENCY,
@@ -157,26 +163,15 @@ class GenAIMetrics:
         response_models: ModelLabels | None = None,
         queue_limit: int = QUEUE_LIMIT,
         upstreams: Mapping[str, tuple[str, int]] | None = None,
+        conventions: Conventions | None = None,
     ) -> None:
         """`server_address`/`server_port`: the upstream; `upstreams`: each route's (host, port) by
-        its name (`--route`), which wins for a record of that route."""
-        meter = provider.get_meter("taotrace", __version__, schema_url=SCHEMA_URL)
-        self.duration = meter.create_histogram(DURATION, unit="s", description="GenAI operation duration.")
-        self.tokens = meter.create_histogram(
-            TOKEN_USAGE, unit="{token}", description="Number of input and output tokens used."
-        )
-        self.ttfc = meter.create_histogram(
-            TIME_TO_FIRST_CHUNK,
-            unit="s",
-            description="Time to receive the first chunk, measured from when the client issues the generation "
-            "request to when the first chunk is received in the response stream.",
-        )
-        self.tpoc = meter.create_histogram(
-            TIME_PER_OUTPUT_CHUNK,
-            unit="s",
-            description="Time per output chunk, recorded for each chunk received after the first one, measured as "
-            "the time elapsed from the end of the previous chunk to the end of the current chunk.",
-        )
+        its name (`--route`), which wins for a record of that route; `conventions`: which client
+        metric names to record (default: the released ones)."""
+        conventions = conventions or Conventions()
+        # One meter per convention version: a scope has one schema URL. Ours (taotrace.*) go on the first.
+        self.sets = [_ClientMetrics(provider, names) for names in conventions.metrics]
+        meter = self.sets[0].meter
         self.ttft = meter.create_histogram(
             TIME_TO_FIRST_TOKEN, unit="s", description="Request head arrival to the first token event (streams only)."
         )
@@ -268,28 +263,76 @@ class GenAIMetrics:
             base["gen_ai.request.model"] = self.models(rec.model)
         if rec.response_model:
             base["gen_ai.response.model"] = self.response_models(rec.response_model)
+        failed = base
         if rec.error_type:
-            error = rec.error_type if rec.error_type in _ERROR_TYPES else "_OTHER"
-            record_many(self.duration, (t.duration,), {**base, "error.type": error})
-        else:
-            record_many(self.duration, (t.duration,), base)
-        if rec.usage_source == "reported":  # the spec: billable counts as reported; never estimated
-            u = rec.usage
-            if u.input_tokens is not None:
-                record_many(self.tokens, (u.input_tokens,), {**base, "gen_ai.token.type": "input"})
-            if u.output_tokens is not None:
-                record_many(self.tokens, (u.output_tokens,), {**base, "gen_ai.token.type": "output"})
+            failed = {**base, "error.type": rec.error_type if rec.error_type in _ERROR_TYPES else "_OTHER"}
+        # The spec: billable counts as reported; never estimated (a counted stream has none).
+        u = rec.usage if rec.usage_source == "reported" else None
+        for client in self.sets:
+            client.record(record_many, rec, failed, base, u)
         ours = {**base, "taotrace.api": rec.api}
         if t.network is not None:
             record_many(self.phase, (t.network,), {**ours, "taotrace.phase": "network"})
         if not rec.stream:
             return
-        if t.ttfc is not None:
-            record_many(self.ttfc, (t.ttfc,), base)
-        record_many(self.tpoc, t.chunk_gaps, base)
         if t.ttft is not None:
             record_many(self.ttft, (t.ttft,), ours)
             if t.prefill_wait is not None:
                 record_many(self.phase, (t.prefill_wait,), {**ours, "taotrace.phase": "prefill_wait"})
             if t.decode is not None:
                 record_many(self.phase, (t.decode,), {**ours, "taotrace.phase": "decode"})
+
+
+class _ClientMetrics:
+    """The GenAI client metrics of one convention version, on a meter with its schema URL."""
+
+    def __init__(self, provider: MeterProvider, names: MetricNames) -> None:
+        self.meter = meter = provider.get_meter("taotrace", __version__, schema_url=names.schema_url)
+        self.duration = meter.create_histogram(names.duration, unit="s", description="GenAI operation duration.")
+        self.tokens: Histogram | None = None
+        self.token_counter: Counter | None = None
+        if names.tokens_counter:
+            self.token_counter = meter.create_counter(
+                names.tokens, unit="{token}", description="Number of input and output tokens used."
+            )
+        else:
+            self.tokens = meter.create_histogram(
+                names.tokens, unit="{token}", description="Number of input and output tokens used."
+            )
+        self.ttfc = meter.create_histogram(
+            names.time_to_first_chunk,
+            unit="s",
+            description="Time to receive the first chunk, measured from when the client issues the generation "
+            "request to when the first chunk is received in the response stream.",
+        )
+        self.tpoc = meter.create_histogram(
+            names.time_per_output_chunk,
+            unit="s",
+            description="Time per output chunk, recorded for each chunk received after the first one, measured as "
+            "the time elapsed from the end of the previous chunk to the end of the current chunk.",
+        )
+
+    def record(
+        self,
+        record_many: Callable[[Histogram, Sequence[float], Mapping[str, str | int]], None],
+        rec: RequestRecord,
+        failed: Mapping[str, str | int],
+        base: Mapping[str, str | int],
+        usage: Usage | None,
+    ) -> None:
+        """One request: duration (`failed`: with error.type), reported tokens, and a stream's chunks."""
+        t = rec.timing
+        record_many(self.duration, (t.duration,), failed)
+        if usage is not None:
+            for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+                if count is None:
+                    continue
+                attributes = {**base, "gen_ai.token.type": kind}
+                if self.tokens is not None:
+                    record_many(self.tokens, (count,), attributes)
+                elif self.token_counter is not None:
+                    self.token_counter.add(count, attributes)
+        if rec.stream:
+            if t.ttfc is not None:
+                record_many(self.ttfc, (t.ttfc,), base)
+            record_many(self.tpoc, t.chunk_gaps, base)

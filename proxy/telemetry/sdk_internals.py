@@ -65,6 +65,7 @@ from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import (
+    Link,
     NonRecordingSpan,
     Span,
     SpanContext,
@@ -118,7 +119,7 @@ _MAX_CHILD_ATTRIBUTES = 4  # `network` has the most
 # The most attributes a root can carry: its own, with every request parameter, and proxy/accounting's
 # at their bounds (header attributes, user.id, taotrace.key.id, rate limits, cost). Not counted by
 # hand: tests/test_sdk_internals.py builds such a request and counts them, so a new one fails it.
-_MAX_ROOT_ATTRIBUTES = 82
+_MAX_ROOT_ATTRIBUTES = 84
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _UNSET = Status(StatusCode.UNSET)
@@ -198,7 +199,7 @@ class Root(Span):
     Holds what Tracer.start_span's `_Span` would hold, as a plain dict of attributes (Telemetry
     only sets valid values; lists become tuples as BoundedAttributes makes them), and on `end`
     hands the processors the same `ReadableSpan` the SDK would. It lives on the event loop only,
-    so it needs no lock. Telemetry never adds events or links to the root: `add_event`,
+    so it needs no lock. Links come only at start; Telemetry never adds events or links later: `add_event`,
     `add_link` and `record_exception` are accepted and ignored.
     """
 
@@ -213,6 +214,7 @@ class Root(Span):
         "_ended",
         "resource",
         "instrumentation_scope",
+        "links",
     )
 
     def __init__(
@@ -223,6 +225,7 @@ class Root(Span):
         parent: SpanContext | None,
         attributes: dict[str, types.AnyValue],
         start: int,
+        links: tuple[Link, ...] = (),
     ) -> None:
         self._tracer = tracer
         self._name = name
@@ -234,6 +237,7 @@ class Root(Span):
         self._ended = False
         self.resource = tracer.resource  # what the SDK span takes at start
         self.instrumentation_scope = tracer._instrumentation_scope
+        self.links = links  # given at start (`--parent link`: the caller's span), as the SDK takes them
 
     def get_span_context(self) -> SpanContext:
         return self._context
@@ -311,12 +315,18 @@ class Root(Span):
                 start_time=self._start,
                 end_time=end_time if end_time is not None else time.time_ns(),
                 instrumentation_scope=self.instrumentation_scope,
+                links=self.links,
             )
         )
 
 
 def direct_root(
-    tracer: SdkTracer, name: str, context: Context, attributes: dict[str, types.AnyValue], start: int
+    tracer: SdkTracer,
+    name: str,
+    context: Context,
+    attributes: dict[str, types.AnyValue],
+    start: int,
+    links: tuple[Link, ...] = (),
 ) -> Span:
     """Tracer.start_span's steps, in its order (ids, sampler), without a live SDK span.
 
@@ -325,7 +335,9 @@ def direct_root(
     """
     enabled = getattr(tracer, "_is_enabled", None)  # a tracer configurator may disable it
     if enabled is not None and not enabled():
-        return tracer.start_span(name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=start)
+        return tracer.start_span(
+            name, context=context, kind=SpanKind.CLIENT, attributes=attributes, start_time=start, links=links or None
+        )
     ids = tracer.id_generator
     parent: SpanContext | None = trace.get_current_span(context).get_span_context()
     if parent is None or not parent.is_valid:
@@ -335,14 +347,14 @@ def direct_root(
     else:
         trace_id = parent.trace_id
         random_trace_id = parent.trace_flags.random_trace_id
-    result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.CLIENT, attributes, ())
+    result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.CLIENT, attributes, links)
     flags = _SAMPLED if result.decision is Decision.RECORD_AND_SAMPLE else _NOT_SAMPLED
     if random_trace_id:
         flags = TraceFlags(flags | _RANDOM_TRACE_ID)
     span_context = SpanContext(trace_id, ids.generate_span_id(), False, flags, result.trace_state)
     if result.decision is Decision.DROP:
         return NonRecordingSpan(span_context)
-    return Root(tracer, name, span_context, parent, attributes, start)
+    return Root(tracer, name, span_context, parent, attributes, start, links)
 
 
 def direct_children(

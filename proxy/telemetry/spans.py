@@ -41,7 +41,8 @@ from proxy.routes import Route
 from proxy.telemetry import sdk_internals
 from proxy.telemetry.otlp_env import otlp_target, traces_exporter
 from proxy.telemetry.sampling import OutcomeSampling
-from proxy.timing import RequestRecord, RequestTiming, SpanStart
+from proxy.telemetry.semconv import Conventions
+from proxy.timing import RequestRecord, RequestTiming, SpanContextValues, SpanStart
 
 __all__ = ["Telemetry", "build_tracer_provider", "shutdown_tracer_provider"]
 
@@ -131,6 +132,12 @@ def _tcp_attributes(attrs: dict[str, types.AnyValue], rec: RequestRecord) -> Non
             attrs[key] = value
 
 
+def _context(ids: SpanContextValues) -> SpanContext:
+    """A span context from the plain values a `SpanStart` carries."""
+    trace_id, span_id, flags, remote, state = ids
+    return SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)))
+
+
 class Telemetry:
     """Starts and ends the spans of each request on a tracer from the given provider.
 
@@ -151,8 +158,16 @@ class Telemetry:
         capture_content: bool = False,
         sampling: OutcomeSampling | None = None,
         ship: bool = False,
+        parent: str = "child",
+        conventions: Conventions | None = None,
     ) -> None:
-        self.tracer = tracer_provider.get_tracer("taotrace", __version__)
+        """`parent`: what a caller's `traceparent` makes of the root (`--parent`): `child` joins the
+        caller's trace; `link` starts a new trace whose root links to the caller's span; `none` a
+        new trace without a link. With `link` and `none` the caller's trace headers go upstream as
+        they came. `conventions`: the GenAI convention version (the tracer's schema URL)."""
+        conventions = conventions or Conventions()
+        self.tracer = tracer_provider.get_tracer("taotrace", __version__, schema_url=conventions.schema_url)
+        self.parent = parent
         # Ship: this process only starts spans (ids, sampling, context upstream); each finished
         # request carries its root's start (`span_start`) to the telemetry process, which
         # finishes and exports it (`replay`). Spans are never built or encoded here.
@@ -234,18 +249,24 @@ class Telemetry:
             context = sdk_internals.EMPTY_CONTEXT
         else:
             context = extract(carrier)
+            if self.parent != "child":  # a trace of our own; `link`: the caller's span as a link
+                caller = trace.get_current_span(context).get_span_context()
+                if self.parent == "link" and caller.is_valid:
+                    links = (*links, caller)
+                context = sdk_internals.EMPTY_CONTEXT
+        linked = tuple(Link(c) for c in links if c.is_valid)
         sdk = self._sdk
-        if self._root_ok and sdk is not None and not links:  # a directly built root carries no links
+        if self._root_ok and sdk is not None:
             self._processors()
             if self._direct and self._sampler_follows(sdk):
-                return sdk_internals.direct_root(sdk, name, context, attributes, self._ns(t0))
+                return sdk_internals.direct_root(sdk, name, context, attributes, self._ns(t0), linked)
         return self.tracer.start_span(
             name,
             context=context,
             kind=SpanKind.CLIENT,
             attributes=attributes,
             start_time=self._ns(t0),
-            links=[Link(c) for c in links if c.is_valid] or None,
+            links=linked or None,
         )
 
     def _sampler_follows(self, tracer: SdkTracer) -> bool:
@@ -256,7 +277,10 @@ class Telemetry:
         return self._follows
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
-        """Put our span's context in the upstream headers, replacing the client's `traceparent`."""
+        """Put our span's context in the upstream headers, replacing the client's `traceparent`
+        (`--parent link` and `none`: the client's, when it sent one, goes upstream unchanged)."""
+        if self.parent != "child" and "traceparent" in headers:
+            return
         try:
             if self._w3c_textmap() and not get_all_baggage():
                 # What TraceContextTextMapPropagator.inject writes; with no baggage in the current
@@ -334,7 +358,9 @@ class Telemetry:
             ("gen_ai.response.model", rec.response_model),
             ("gen_ai.response.id", rec.response_id),
             ("gen_ai.usage.input_tokens", u.input_tokens),
-            ("gen_ai.usage.output_tokens", u.output_tokens),
+            # Only what the provider reported: viewers price gen_ai.usage.*; our own count of a
+            # stream's token events is taotrace.token_events.
+            ("gen_ai.usage.output_tokens", u.output_tokens if rec.usage_source == "reported" else None),
             ("gen_ai.usage.cache_read.input_tokens", u.cached_input_tokens),
             ("gen_ai.usage.cache_creation.input_tokens", u.cache_creation_input_tokens),
             ("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens),
@@ -396,6 +422,10 @@ class Telemetry:
             return None  # the worker's provider has no exporter; the telemetry process's would drop it
         parent = getattr(span, "parent", None)
         attributes = getattr(span, "attributes", None)
+        links = tuple(
+            (c.trace_id, c.span_id, int(c.trace_flags), c.is_remote, tuple(c.trace_state.items()))
+            for c in (link.context for link in getattr(span, "links", None) or ())
+        )
         return SpanStart(
             name=getattr(span, "name", ""),
             trace_id=ctx.trace_id,
@@ -415,6 +445,7 @@ class Telemetry:
             attributes=dict(attributes) if attributes is not None else {},
             output=output_text if self.capture_content else None,
             offset=self._offset_ns,
+            links=links,
         )
 
     def replay(self, rec: RequestRecord, resource: Resource | None = None) -> None:
@@ -424,14 +455,12 @@ class Telemetry:
         seed, sdk = rec.span, self._sdk
         if seed is None or sdk is None or self._processors() == ():
             return  # nothing shipped, or no exporter here
-        parent = None
-        if seed.parent is not None:
-            trace_id, span_id, flags, remote, state = seed.parent
-            parent = SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)))
+        parent = None if seed.parent is None else _context(seed.parent)
         context = SpanContext(
             seed.trace_id, seed.span_id, False, TraceFlags(seed.trace_flags), TraceState(list(seed.trace_state))
         )
-        root = sdk_internals.Root(sdk, seed.name, context, parent, dict(seed.attributes), seed.start)  # type: ignore[arg-type]
+        links = tuple(Link(_context(link)) for link in seed.links)
+        root = sdk_internals.Root(sdk, seed.name, context, parent, dict(seed.attributes), seed.start, links)  # type: ignore[arg-type]
         if resource is not None:
             root.resource = resource
         self.finish(root, rec, seed.output, seed.offset)

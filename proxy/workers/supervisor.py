@@ -345,7 +345,7 @@ async def _supervised(
     metrics = metrics_for(settings, registry)
     provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
     meters = build_meter_provider(env) if meter_provider is None else meter_provider
-    telemetry = telemetry_for(settings, provider)  # replay() only: the workers start spans and sample
+    telemetry = telemetry_for(settings, provider, env=env)  # replay() only: the workers start spans and sample
     base = getattr(telemetry.tracer, "resource", None)
     workers = []
     for i in range(settings.workers):
@@ -356,7 +356,7 @@ async def _supervised(
     observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
     genai = None
     if meters is not None:  # the group's OTLP metrics, recorded and exported here, off the serving loops
-        genai = genai_metrics_for(settings, meters, metrics.models)
+        genai = genai_metrics_for(settings, meters, metrics.models, env)
         observers.append(genai)
     live = None
     if settings.ui:  # the group's live view, fed every worker's records
