@@ -1,4 +1,4 @@
-# taotrace — the two commands a newcomer needs: `make demo` and `make test`.
+# taotrace — the two commands a newcomer needs: `make demo` and `make test` (`make test-fast`: the unit tier).
 #
 # Each target installs only what it runs into .venv (pyproject.toml's extras): `demo`, `probe`,
 # `doctor`, `serve`, `sim` and `bench` the runtime, `test` the runtime + [test,stack], `lint` those + [lint], `venv`
@@ -11,7 +11,7 @@ ARGS   ?=
 # What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
 LINT_PATHS := proxy tests deploy
 
-.PHONY: venv system-deps test lint demo probe doctor serve sim bench screenshots clean FORCE
+.PHONY: venv system-deps test test-fast lint demo probe doctor serve sim bench screenshots clean FORCE
 
 # What a Python says of itself: "3.12.1 pip /usr/bin/python3.12" (version, pip or nopip, path).
 ABOUT := -c 'import importlib.util, sys; v = sys.version_info; print("%d.%d.%d" % v[:3], "pip" if importlib.util.find_spec("pip") else "nopip", sys.executable)'
@@ -82,6 +82,11 @@ system-deps:
 
 test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest -q $(ARGS)
+
+# The unit tier alone (tests/tiers.py): no processes, servers, browsers or Prometheus, so no
+# system-deps either. `make test` runs it too, with the end-to-end tier.
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest -q --unit $(ARGS)
 
 # ruff (lint, then format check) and mypy --strict with the pydantic plugin; CI runs it first.
 lint: $(VENV)/.installed-lint

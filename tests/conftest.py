@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,21 +21,50 @@ from prometheus_client import CollectorRegistry
 from proxy.serve import running
 from proxy.settings import Settings
 from proxy.timing import RequestRecord
+from tests import tiers
 from tests.fakes import FakeUpstream, Handler, json_handler
 from tests.forwardproxy import ForwardProxyServer
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False, help="run the long soak/outage tests")
+    parser.addoption(
+        "--unit",
+        action="store_true",
+        default=False,
+        help="the unit tier only (make test-fast): deselect e2e tests; a test that starts a process is skipped",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --unit, modules wholly end-to-end are not even imported (some import big SDKs)."""
+    if config.getoption("--unit") and collection_path.suffix == ".py":
+        return tiers.whole_module_e2e(collection_path.relative_to(config.rootpath).as_posix()) or None
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if tiers.is_e2e(item.nodeid, getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+    if config.getoption("--unit"):
+        unit = [i for i in items if "e2e" not in i.keywords and "soak" not in i.keywords]
+        kept = {id(i) for i in unit}
+        config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
+        items[:] = unit
     if config.getoption("--soak"):
         return
     skip = pytest.mark.skip(reason="soak test: run with --soak")
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tier_starts_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --unit, a test that starts a process is skipped, saying where it belongs (tests/tiers.py)."""
+    if request.config.getoption("--unit"):
+        tiers.forbid_processes(monkeypatch, request.node.nodeid)
 
 
 @pytest.fixture
