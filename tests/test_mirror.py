@@ -276,3 +276,43 @@ async def test_a_dead_mirror_never_touches_the_client(
         "upstream": "127.0.0.1", "mirror": "mirror", "api": "chat_completions", "model": "m",
         "direction": "mirror_slower",
     }) is None  # fmt: skip
+
+
+async def test_the_live_view_shows_the_pair_and_counts_only_client_requests(
+    start_proxy: ProxyFactory,
+    upstream: FakeUpstream,
+    mirror_upstream: FakeUpstream,
+    client: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TAOTRACE_TEST_MIRROR_KEY", MIRROR_KEY)
+    upstream.handler = PRIMARY
+    mirror_upstream.handler = stalling(0.3)
+    async with start_proxy(**_mirror_settings(mirror_upstream.url)) as p:
+        await _chat(client, p.url)
+        (primary,) = await p.settled(1)
+        assert primary.pair_id is not None
+        async with client.get(f"{p.metrics_url}/api/pairs/{primary.pair_id}") as r:
+            half = await r.json()  # the copy is still waiting for its first token
+        await _until(lambda: len(p.records) == 2)
+        async with client.get(f"{p.metrics_url}/api/pairs/{primary.pair_id}") as r:
+            assert r.status == 200
+            both = await r.json()
+        async with client.get(p.metrics_url + "/api/summary") as r:
+            summary = await r.json()
+        async with client.get(p.metrics_url + "/api/pairs/0123456789abcdef") as r:
+            assert r.status == 404
+    mirror = p.records[1]
+    assert half["request"]["record"]["pair_id"] == primary.pair_id
+    assert half["mirror"] is None and half["differences"] is None
+    assert both["request"]["id"] == primary.trace_id and both["mirror"]["id"] == mirror.trace_id
+    assert both["mirror"]["record"]["mirror"] is True and both["mirror"]["record"]["upstream"] == "mirror"
+    assert mirror.timing.ttft is not None and primary.timing.ttft is not None
+    assert both["differences"]["ttft"] == pytest.approx(mirror.timing.ttft - primary.timing.ttft)
+    assert both["differences"]["ttft"] > 0.25 and both["differences"]["output_tokens"] == 5 - 8
+    assert both["differences"]["outcome"] == {"request": "ok", "mirror": "ok"}
+    # The copy is not client traffic: one request in the statistics, and the pair apart.
+    assert summary["requests"] == 1 and summary["models"]["m"]["requests"] == 1
+    (group,) = summary["pairs"]
+    assert (group["upstream"], group["mirror"], group["pairs"], group["both_ok"]) == ("127.0.0.1", "mirror", 1, 1)
+    assert group["ttft_difference_p50"] == pytest.approx(both["differences"]["ttft"])

@@ -12,6 +12,8 @@ import pytest
 from proxy.dialects import Usage
 from proxy.tcpinfo import TcpStats
 from proxy.timing import PhaseClock, RequestRecord
+from proxy.ui.live import LiveView
+from proxy.ui.pairs import Pairs, differences
 from proxy.ui.render import detail, row
 from proxy.ui.ring import Entry, Query, Ring, compact_gaps, parse_query, select
 from proxy.ui.summary import BUCKET_WIDTH, EXACT_SAMPLES, MAX_MODELS, Window
@@ -231,6 +233,71 @@ def test_many_samples_stay_within_the_exact_min_and_max() -> None:
         window.add(same, now=1000.0)  # all equal: the bucket's middle alone would say 404.4 ms
     ttft = window.snapshot(now=1001.0)["models"]["m"]["ttft"]
     assert ttft == dict.fromkeys(("p50", "p95", "p99"), same.timing.ttft)
+
+
+def _half(pair_id: str, *, mirror: bool, upstream: str, **kw: object) -> RequestRecord:
+    return replace(record(**kw), pair_id=pair_id, mirror=mirror, upstream=upstream)  # type: ignore[arg-type]
+
+
+def test_a_pairs_differences_are_mirror_minus_request() -> None:
+    tcp = TcpStats(rtt=0.03, rtt_var=0.002, min_rtt=0.02, retransmits=0, out_of_order=0, delivery_rate=None)
+    request = replace(_half("p1", mirror=False, upstream="a", ttft=0.1, gap=0.01, tokens=5), tcp=tcp)
+    mirror = _half("p1", mirror=True, upstream="b", ttft=0.4, gap=0.03, tokens=7, error_type="stream_cut")
+    d = differences(request, mirror)
+    assert d["ttft"] == pytest.approx(0.3) and d["tpot"] == pytest.approx(0.02)
+    assert d["duration"] == pytest.approx(mirror.timing.duration - request.timing.duration)
+    assert d["output_tokens"] == 2
+    assert d["rtt"] is None  # only one side has TCP_INFO: no difference invented
+    assert d["outcome"] == {"request": "ok", "mirror": "stream_cut"}
+
+
+def test_pairs_match_either_order_and_summarise_per_route_pair() -> None:
+    pairs = Pairs(window_s=900.0)
+    # Two pairs where the mirror is slower, one where it is faster, one where the mirror failed.
+    for i, (request_ttft, mirror_ttft) in enumerate(((0.1, 0.4), (0.1, 0.3), (0.3, 0.2))):
+        halves = [
+            _half(f"p{i}", mirror=False, upstream="a", ttft=request_ttft),
+            _half(f"p{i}", mirror=True, upstream="b", ttft=mirror_ttft),
+        ]
+        if i == 1:
+            halves.reverse()  # the copy may end before the request
+        for half in halves:
+            pairs.add(half, now=1000.0)
+    pairs.add(_half("x", mirror=False, upstream="a"), now=1000.0)
+    pairs.add(_half("x", mirror=True, upstream="b", error_type="connect", ttft=None), now=1000.0)
+    pairs.add(_half("lonely", mirror=False, upstream="a"), now=1000.0)  # its copy never came back
+    pairs.add(record(), now=1000.0)  # not paired: ignored
+    (group,) = pairs.snapshot(now=1001.0)
+    assert (group["upstream"], group["mirror"], group["pairs"], group["both_ok"]) == ("a", "b", 4, 3)
+    assert (group["request_errors"], group["mirror_errors"]) == (0, 1)
+    assert group["ttft_difference_p50"] == pytest.approx(0.2)  # median of +0.3, +0.2, −0.1
+    assert group["tpot_difference_p50"] == pytest.approx(0.0)
+    assert (group["mirror_first"], group["compared"]) == (1, 3)
+    assert pairs.snapshot(now=1000.0 + 901.0) == []  # 15 minutes on, forgotten
+
+
+def test_waiting_halves_are_bounded() -> None:
+    pairs = Pairs(max_pending=2)
+    for i in range(3):
+        pairs.add(_half(f"p{i}", mirror=False, upstream="a"), now=1.0)
+    pairs.add(_half("p0", mirror=True, upstream="b"), now=1.0)  # its request was forgotten first
+    pairs.add(_half("p2", mirror=True, upstream="b"), now=1.0)
+    assert [g["pairs"] for g in pairs.snapshot(now=2.0)] == [1]
+
+
+def test_mirror_copies_stay_out_of_the_request_statistics() -> None:
+    live = LiveView(clock=lambda: 1000.0)
+    live.observe(_half("p1", mirror=False, upstream="a", ttft=0.1))
+    live.observe(_half("p1", mirror=True, upstream="b", ttft=0.5, error_type="rate_limited"))
+    live.observe(record(ttft=0.2))
+    summary = live.window.snapshot(1001.0)
+    assert summary["requests"] == 2 and summary["errors"] == {}  # the copy's 429 is not the clients'
+    assert summary["models"]["m"]["ttft"]["p99"] == pytest.approx(0.2)
+    assert len(live.ring) == 3  # the list shows the copy, marked
+    request, mirror = live.ring.find_pair("p1")
+    assert request is not None and mirror is not None and mirror.record.mirror and not request.record.mirror
+    assert live.ring.find_pair("nope") == (None, None)
+    assert live.pairs.snapshot(1001.0)[0]["mirror_errors"] == 1
 
 
 ROOT = Path(__file__).resolve().parent.parent

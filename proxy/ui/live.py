@@ -15,6 +15,7 @@ from typing import Any
 
 from proxy.inflight import InFlight
 from proxy.timing import RequestRecord
+from proxy.ui.pairs import Pairs
 from proxy.ui.ring import Ring
 from proxy.ui.summary import Window
 
@@ -32,7 +33,8 @@ log = logging.getLogger("taotrace")
 
 
 class LiveView:
-    """Recent requests (a ring), the last 15 minutes (a window), and the demo's experiments."""
+    """Recent requests (a ring), the last 15 minutes (a window of client requests, and the pairs
+    `--mirror` made), and the demo's experiments."""
 
     def __init__(
         self,
@@ -45,6 +47,7 @@ class LiveView:
     ) -> None:
         self.ring = Ring(capacity)
         self.window = Window()
+        self.pairs = Pairs()
         self.in_flight = in_flight
         self.active = active
         self.capture_content = capture_content
@@ -56,7 +59,10 @@ class LiveView:
         try:
             now = self.clock()
             self.ring.add(record, now)
-            self.window.add(record, now)
+            if not record.mirror:  # a mirror copy is not client traffic: kept out of the request statistics
+                self.window.add(record, now)
+            if record.pair_id is not None:
+                self.pairs.add(record, now)
         except Exception:  # the live view must never break a request
             log.exception("live view could not record a request")
 

@@ -98,6 +98,20 @@ class Ring:
                 return entry
         return None
 
+    def find_pair(self, pair_id: str) -> tuple[Entry | None, Entry | None]:
+        """The request and its mirror copy sharing `pair_id` (None for a half not kept, or not
+        finished yet)."""
+        request = mirror = None
+        for entry in reversed(self._entries):
+            if entry.record.pair_id == pair_id:
+                if entry.record.mirror:
+                    mirror = entry
+                else:
+                    request = entry
+                if request is not None and mirror is not None:
+                    break
+        return request, mirror
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Query:

@@ -5,7 +5,9 @@
     /api/requests             recent requests, newest first (?limit=&api=&model=&errors=&slow=&since=),
                               and the requests in flight now
     /api/requests/{id}        one request, finished or in flight: record, phase spans, inter-token gaps
+    /api/pairs/{pair_id}      --mirror: a request and its mirror copy, both details and their differences
     /api/summary              the last 15 minutes per model, phases, errors, requests/s, in flight
+                              (client requests only: mirror copies are summarised apart, under pairs)
 
 With a token, each of these needs `Authorization: Bearer <token>` or the cookie set by opening
 `/?token=<token>` once; `/metrics`, `/healthz` and `/readyz` never do. Without it, a browser
@@ -26,6 +28,7 @@ import orjson
 from aiohttp import web
 
 from proxy.ui.live import LiveView
+from proxy.ui.pairs import differences
 from proxy.ui.render import detail, row
 from proxy.ui.ring import distinct, parse_query, select
 from proxy.ui.running import running_detail, running_matches, running_row
@@ -197,10 +200,30 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
             )
         return _json(detail(entry, trace_url=trace_url, capture_content=live.capture_content))
 
+    async def pair(request: web.Request) -> web.StreamResponse:
+        pair_id = request.match_info["pair_id"]
+        primary, mirror = live.ring.find_pair(pair_id)
+        if primary is None and mirror is None:
+            return _error(
+                404, "not_found", "no such pair among the recent requests (the ring keeps the last --ui-requests)"
+            )
+        content = live.capture_content
+        return _json(
+            {
+                "pair_id": pair_id,
+                "request": detail(primary, trace_url=trace_url, capture_content=content) if primary else None,
+                "mirror": detail(mirror, trace_url=trace_url, capture_content=content) if mirror else None,
+                "differences": differences(primary.record, mirror.record)
+                if primary is not None and mirror is not None
+                else None,
+            }
+        )
+
     async def summary(_request: web.Request) -> web.StreamResponse:
         while not live.window.prepare(live.clock()):
             await asyncio.sleep(0)  # a full window's first percentiles, a few buckets per turn
         body = live.window.snapshot(live.clock())
+        body["pairs"] = live.pairs.snapshot(live.clock())
         body["in_flight"] = live.in_flight()
         body["experiments"] = live.experiments
         return _json(body)
@@ -209,4 +232,5 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
     app.router.add_get("/ui/{name}", guarded(static))
     app.router.add_get("/api/requests", guarded(requests))
     app.router.add_get("/api/requests/{id}", guarded(one))
+    app.router.add_get("/api/pairs/{pair_id}", guarded(pair))
     app.router.add_get("/api/summary", guarded(summary))

@@ -15,7 +15,7 @@ const RUNNING_PHASE = {
 
 const state = {
   lastSeq: 0, filterKey: "", view: "", polling: false, summary: null, experimentsShown: null,
-  maxRows: PAGE_ROWS, traceId: null,
+  maxRows: PAGE_ROWS, traceId: null, pairId: null, pairDone: false,
 };
 
 function ms(seconds, digits = 1) {
@@ -118,16 +118,38 @@ function openOnKeys(tr, go) {
   tr.setAttribute("role", "link");
   tr.addEventListener("click", go);
   tr.addEventListener("keydown", (e) => {
+    if (e.target !== tr) return; // a link inside the row (its pair) opens itself
     if (e.key === "Enter" || e.key === " ") { e.preventDefault(); go(); }
   });
+}
+// The route a request went to; with --mirror, a mark on the copy and a link to the pair.
+function upstreamCell(r) {
+  const td = cell(r.upstream, "upstream");
+  if (r.mirror) {
+    const mark = document.createElement("span");
+    mark.className = "badge mirror";
+    mark.textContent = "mirror copy";
+    mark.title = "a copy --mirror sent to a second upstream: not client traffic";
+    td.prepend(mark, " ");
+  }
+  if (r.pair_id) {
+    const a = document.createElement("a");
+    a.className = "pair-link";
+    a.href = `#pair/${encodeURIComponent(r.pair_id)}`;
+    a.textContent = "⇄ pair";
+    a.title = r.mirror ? "this copy beside the request it copied" : "this request beside its mirror copy";
+    a.addEventListener("click", (e) => e.stopPropagation()); // the row would open the waterfall
+    td.append(" ", a);
+  }
+  return td;
 }
 function requestRow(r) {
   const tr = document.createElement("tr");
   tr.dataset.id = r.id;
-  tr.className = r.error_type ? "error" : "";
+  tr.className = (r.error_type ? "error" : "") + (r.mirror ? " mirror" : "");
   const status = r.error_type ? `${r.status} ${r.error_type}` : String(r.status);
   tr.append(
-    cell(clock(r.time)), cell(r.api), modelCell(r.model), cell(status),
+    cell(clock(r.time)), cell(r.api), modelCell(r.model), upstreamCell(r), cell(status, "status"),
     cell(ms(r.ttft), "num"), cell(ms(r.tpot, 2), "num"), cell(r.output_tokens, "num"),
     cell(r.cached_input_tokens, "num"), cell(ms(r.duration), "num"),
   );
@@ -135,7 +157,8 @@ function requestRow(r) {
   td.className = "bar-col";
   td.append(phaseBar(phaseParts(r), r.duration || 0));
   tr.append(td);
-  tr.setAttribute("aria-label", `${r.api} ${modelName(r.model)} ${status}, ${msUnit(r.duration)}: open its waterfall`);
+  const copy = r.mirror ? ` (mirror copy to ${r.upstream})` : "";
+  tr.setAttribute("aria-label", `${r.api} ${modelName(r.model)}${copy} ${status}, ${msUnit(r.duration)}: open its waterfall`);
   openOnKeys(tr, () => { location.hash = `#trace/${encodeURIComponent(r.id)}`; });
   return tr;
 }
@@ -148,7 +171,7 @@ function runningRow(r) {
   const status = r.phase === "decode" ? `running · decode, ${r.output_tokens} tokens` : `running · ${phase}`;
   const tpot = r.output_tokens >= 2 && r.last_token != null && r.ttft != null ? (r.last_token - r.ttft) / (r.output_tokens - 1) : null;
   tr.append(
-    cell(clock(r.started)), cell(r.api), modelCell(r.model), cell(status, "phase"),
+    cell(clock(r.started)), cell(r.api), modelCell(r.model), cell(r.upstream, "upstream"), cell(status, "phase"),
     cell(ms(r.ttft), "num"), cell(ms(tpot, 2), "num"), cell(r.output_tokens, "num"),
     cell(null, "num"), cell(ms(r.elapsed), "num elapsed"),
   );
@@ -262,22 +285,24 @@ function wfRow(key, label, start, end, total, cls, child) {
   row.append(name, track, dur);
   return { row, bar };
 }
-function waterfall(d) {
-  const box = $("waterfall");
+// One request's waterfall in `box`; `scale` (seconds) draws it against a longer time, so two
+// waterfalls side by side share one time scale.
+function waterfall(d, box = $("waterfall"), scale = 0) {
   const r = d.record;
-  const total = d.spans[0].end || 1e-9;
+  const end = d.spans[0].end; // this request's own end
+  const total = Math.max(scale, end) || 1e-9;
   const running = !!d.in_flight;
   const rows = d.spans.map((s, i) => {
     const { row, bar } = wfRow(i === 0 ? "root" : s.name, s.name, s.start, s.end, total, i === 0 ? "root" : s.name, i > 0);
-    if (running && s.end === total) bar.classList.add("open"); // still growing
+    if (running && s.end === end) bar.classList.add("open"); // still growing
     if (s.rtt != null) rttInside(bar, s);
     return row;
   });
   // A response that is not a stream has no prefill_wait or decode: draw the wait for it anyway.
   const network = d.spans.find((s) => s.name === "network");
   const streamed = d.spans.some((s) => s.name === "prefill_wait");
-  if (!streamed && network && network.end < total) {
-    const { row, bar } = wfRow("response", "waiting for the response (not streamed)", network.end, total, total, "response", true);
+  if (!streamed && network && network.end < end) {
+    const { row, bar } = wfRow("response", "waiting for the response (not streamed)", network.end, end, total, "response", true);
     if (running) bar.classList.add("open");
     rows.push(row);
   }
@@ -302,13 +327,13 @@ function waterfall(d) {
   });
   // A stream that was cut or failed: where it broke (the last bytes the client got), and why.
   if (!running && r.error_type && (r.stream || d.marks.last_byte != null)) {
-    const at = d.marks.last_byte ?? total;
+    const at = d.marks.last_byte ?? end;
     const m = document.createElement("span");
     m.className = "wf-mark broke";
     m.style.left = `${(100 * at) / total}%`;
     m.style.top = "42px";
     m.textContent = `✕ ${r.error_type} · last byte ${msUnit(at)}`;
-    m.title = `the stream broke: ${r.error_type}; the client's last bytes at ${msUnit(at)}, the request ended at ${msUnit(total)}`;
+    m.title = `the stream broke: ${r.error_type}; the client's last bytes at ${msUnit(at)}, the request ended at ${msUnit(end)}`;
     if (at / total > 0.5) m.classList.add("left");
     track.append(m);
     marks.classList.add("broke");
@@ -365,6 +390,12 @@ async function showTrace(id) {
   link.hidden = !d.trace_url;
   if (d.trace_url) link.href = d.trace_url;
   waterfall(d);
+  const pair = $("trace-pair");
+  pair.hidden = !r.pair_id;
+  if (r.pair_id) {
+    pair.href = `#pair/${encodeURIComponent(r.pair_id)}`;
+    pair.textContent = r.mirror ? "⇄ beside the request it copied" : "⇄ beside its mirror copy";
+  }
   const t = running ? r : r.timing;
   const prefill = d.spans.find((s) => s.name === "prefill_wait");
   kvRows($("conn"), [
@@ -386,7 +417,102 @@ async function showTrace(id) {
   kvRows($("attrs"), flatten(r));
 }
 
+// ---- a pair (--mirror): the request and its mirror copy side by side
+// A difference mirror − request, signed, in ms (or tokens); "+" means the mirror took longer.
+function signedMs(seconds) {
+  if (seconds == null) return EMPTY;
+  const sign = seconds > 0 ? "+" : seconds < 0 ? "−" : "±";
+  return `${sign}${msUnit(Math.abs(seconds))}`;
+}
+function signedCount(n) {
+  if (n == null) return EMPTY;
+  return `${n > 0 ? "+" : n < 0 ? "−" : "±"}${Math.abs(n)}`;
+}
+function outcomeText(r) {
+  return r.error_type ? `${r.status_code} ${r.error_type}` : `${r.status_code} ok`;
+}
+function pairRows(req, mir, diff) {
+  const a = req ? req.record : null;
+  const b = mir ? mir.record : null;
+  const timing = (x, k) => (x ? x.timing[k] : null);
+  const rtt = (d) => { const s = d && d.spans.find((p) => p.name === "prefill_wait"); return s ? s.rtt : null; };
+  const wait = (d) => { const s = d && d.spans.find((p) => p.name === "prefill_wait"); return s ? s.server_wait : null; };
+  const minus = (x, y) => (x == null || y == null ? null : x - y);
+  const rows = [
+    // [label, request, mirror, difference, key: which of the two is worse when the difference is > 0]
+    ["outcome", a && outcomeText(a), b && outcomeText(b),
+      diff ? (diff.outcome.request === diff.outcome.mirror ? "same" : "differs") : EMPTY, "outcome"],
+    ["TTFT", msUnit(timing(a, "ttft")), msUnit(timing(b, "ttft")), signedMs(diff && diff.ttft), "ttft", diff && diff.ttft],
+    ["TPOT", msUnit(timing(a, "tpot")), msUnit(timing(b, "tpot")), signedMs(diff && diff.tpot), "tpot", diff && diff.tpot],
+    ["output tokens", a && a.usage.output_tokens, b && b.usage.output_tokens, signedCount(diff && diff.output_tokens), "output_tokens"],
+    ["input tokens", a && a.usage.input_tokens, b && b.usage.input_tokens,
+      signedCount(a && b ? minus(b.usage.input_tokens, a.usage.input_tokens) : null), "input_tokens"],
+    ["duration", msUnit(timing(a, "duration")), msUnit(timing(b, "duration")), signedMs(diff && diff.duration), "duration", diff && diff.duration],
+    ["network", msUnit(timing(a, "network")), msUnit(timing(b, "network")),
+      signedMs(minus(timing(b, "network"), timing(a, "network"))), "network"],
+    ["prefill_wait", msUnit(timing(a, "prefill_wait")), msUnit(timing(b, "prefill_wait")),
+      signedMs(minus(timing(b, "prefill_wait"), timing(a, "prefill_wait"))), "prefill_wait"],
+    ["decode", msUnit(timing(a, "decode")), msUnit(timing(b, "decode")),
+      signedMs(minus(timing(b, "decode"), timing(a, "decode"))), "decode"],
+    ["round trip (TCP min_rtt)", msUnit(rtt(req)), msUnit(rtt(mir)), signedMs(diff && diff.rtt), "rtt"],
+    ["server wait (estimate)", msUnit(wait(req)), msUnit(wait(mir)), signedMs(minus(wait(mir), wait(req))), "server_wait"],
+  ];
+  return rows.map(([label, x, y, d, key, seconds]) => {
+    const tr = document.createElement("tr");
+    tr.dataset.key = key;
+    const delta = cell(d, "num diff");
+    if (seconds != null && seconds !== 0) delta.classList.add(seconds > 0 ? "mirror-slower" : "mirror-faster");
+    if (seconds != null) delta.dataset.seconds = String(seconds);
+    tr.append(cell(label, "k"), cell(x, "num"), cell(y, "num"), delta);
+    return tr;
+  });
+}
+async function showPair(id) {
+  const p = await getJSON(`/api/pairs/${encodeURIComponent(id)}`);
+  if (state.view !== "pair" || state.pairId !== id) return; // the reader moved on meanwhile
+  const req = p.request, mir = p.mirror;
+  state.pairDone = !!(req && mir);
+  const any = (req || mir).record;
+  $("pair-title").textContent = `pair ${p.pair_id} · ${any.api} · ${modelName(any.model)}`;
+  const missing = !req ? "The request itself is no longer among the recent ones kept."
+    : !mir ? "The mirror copy has not finished yet (it shows here when it ends), or is no longer kept." : "";
+  $("pair-note").hidden = !missing;
+  $("pair-note").textContent = missing;
+  for (const [side, d, label] of [["request", req, "request"], ["mirror", mir, "mirror copy"]]) {
+    const where = d ? ` · ${d.record.upstream}` : "";
+    $(`pair-h-${side}`).textContent = `${label}${where}`;
+    $(`pair-wf-${side}-title`).textContent = `${label}${where}`;
+    const open = $(`pair-open-${side}`);
+    open.hidden = !d;
+    if (d) open.href = `#trace/${encodeURIComponent(d.id)}`;
+  }
+  $("pair-table").querySelector("tbody").replaceChildren(...pairRows(req, mir, p.differences));
+  // One time scale for both: the longer of the two fills its track.
+  const scale = Math.max(req ? req.spans[0].end : 0, mir ? mir.spans[0].end : 0);
+  for (const [side, d] of [["request", req], ["mirror", mir]]) {
+    const box = $(`pair-wf-${side}`);
+    if (d) waterfall(d, box, scale);
+    else box.replaceChildren(Object.assign(document.createElement("p"), { className: "hint", textContent: EMPTY }));
+    box.dataset.seconds = d ? String(d.spans[0].end) : "";
+  }
+  $("pair-scale").textContent = `Both waterfalls on one time scale, each from its own start: the full width is ${msUnit(scale)}.`;
+}
+
 // ---- overview
+function renderPairs(pairs) {
+  $("pairs-box").hidden = !pairs.length;
+  const signed = (v, digits) => (v == null ? EMPTY : `${v > 0 ? "+" : v < 0 ? "−" : "±"}${ms(Math.abs(v), digits)}`);
+  document.querySelector("#pairs tbody").replaceChildren(...pairs.map((g) => {
+    const tr = document.createElement("tr");
+    tr.append(
+      cell(g.upstream), cell(g.mirror), cell(g.pairs, "num"), cell(g.both_ok, "num"),
+      cell(`${g.request_errors} / ${g.mirror_errors}`, "num"),
+      cell(signed(g.ttft_difference_p50, 1), "num"), cell(signed(g.tpot_difference_p50, 2), "num"),
+      cell(g.compared ? `${g.mirror_first} of ${g.compared}` : EMPTY, "num"),
+    );
+    return tr;
+  }));
+}
 function seriesFor(summary, kind) {
   const out = [];
   const legendItems = [];
@@ -436,6 +562,7 @@ function renderOverview(s) {
   share.replaceChildren(bar, keys);
   const errors = Object.entries(s.errors);
   kvRows($("errors"), errors.length ? errors : [["none", "0"]]);
+  renderPairs(s.pairs || []);
   const tbody = document.querySelector("#per-model tbody");
   tbody.replaceChildren(...Object.entries(s.models).map(([model, m]) => {
     const tr = document.createElement("tr");
@@ -495,6 +622,7 @@ async function pollOnce() {
     if (state.view === "requests") await pollRequests();
     else if (state.view === "overview" || state.view === "demo") await pollSummary();
     else if (state.view === "trace" && state.traceRunning && state.traceRunning === state.traceId) await showTrace(state.traceId);
+    else if (state.view === "pair" && !state.pairDone) await showPair(state.pairId); // until both halves are in
   } catch (err) {
     setStatus(`cannot reach the proxy: ${err.message}`, true);
   }
@@ -509,12 +637,21 @@ async function tick() {
 async function route() {
   const hash = location.hash.slice(1) || "requests";
   const [view, ...rest] = hash.split("/");
-  state.view = ["requests", "overview", "demo", "trace"].includes(view) ? view : "requests";
+  state.view = ["requests", "overview", "demo", "trace", "pair"].includes(view) ? view : "requests";
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${state.view}`;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === state.view);
   state.experimentsShown = null;
   state.traceId = state.view === "trace" ? decodeURIComponent(rest.join("/")) : null;
   state.traceRunning = null;
+  state.pairId = state.view === "pair" ? decodeURIComponent(rest.join("/")) : null;
+  state.pairDone = false;
+  if (state.view === "pair") {
+    try {
+      await showPair(state.pairId);
+    } catch (err) {
+      setStatus(err.message, true);
+    }
+  }
   if (state.view === "trace") {
     try {
       await showTrace(state.traceId);
