@@ -363,3 +363,123 @@ def test_a_plain_serve_explains_the_demo_tab_and_asks_a_browser_for_its_token(tm
             proc.kill()
     # The 401 of the login page is the browser's one console error; nothing else went wrong.
     assert [p for p in problems if "401" not in p] == []
+
+
+def _started(args: list[str], log: Path, says: str) -> tuple[subprocess.Popen[bytes], str]:
+    """A `taotrace` command in the background, once its log says `says`; and that line."""
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy", *args], stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while says not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(log.read_text())
+        time.sleep(0.1)
+    return proc, next(line for line in log.read_text().splitlines() if says in line)
+
+
+def test_a_mirrored_request_shows_beside_its_copy(tmp_path: Path) -> None:
+    # Two simulators of different physics: the request's upstream four times faster than the
+    # mirror's, so in every pair the mirror (the right-hand side) is the slower one.
+    procs: list[subprocess.Popen[bytes]] = []
+    problems: list[str] = []
+    try:
+        roots = []
+        for name, scale in (("fast", "0.25"), ("slow", "1")):
+            proc, line = _started(["sim", "--port", "0", "--time-scale", scale], tmp_path / f"{name}.log", "/v1")
+            procs.append(proc)
+            roots.append(line.split()[2].removesuffix("/v1"))
+        proc, line = _started(
+            ["serve", "--port", "0", "--metrics-port", "0", "--upstream", roots[0], "--route", f"slow:/slow={roots[1]}",
+             "--mirror", "slow", "--mirror-ratio", "1", "--mirror-max-per-minute", "100"],
+            tmp_path / "serve.log", "live view on ",
+        )  # fmt: skip
+        procs.append(proc)
+        proxy_url = line.split("taotrace proxy on ", 1)[1].split()[0]
+        view = Demo(proc, proxy_url, line.split("live view on ", 1)[1].split()[0].rstrip("/"))
+        for tokens in (24, 40):
+            assert view.post("/v1/chat/completions", _chat("gpt-4o-mini", tokens)) == 200
+        deadline = time.monotonic() + 30
+        while len(rows := view.api("/api/requests")["requests"]) < 4:
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.1)
+        primary = next(r for r in rows if not r["mirror"] and r["output_tokens"] == 40)
+        copy = next(r for r in rows if r["mirror"] and r["pair_id"] == primary["pair_id"])
+        assert copy["upstream"] == "slow" and copy["ttft"] > primary["ttft"]
+
+        with sync_api.sync_playwright() as pw:
+            browser, page = _browser(pw, tmp_path, problems)
+            page.goto(view.view_url + "/#requests")
+            _wait_for_ids(page, [r["id"] for r in rows])
+            # The list marks the copies, and both halves of a pair link to it.
+            assert page.locator("#finished tr.mirror .badge.mirror").count() == 2
+            assert page.locator("#finished tr:not(.mirror) .badge").count() == 0
+            assert page.locator("#finished a.pair-link").count() == 4
+            page.screenshot(path=str(tmp_path / "ui-pair-requests.png"), full_page=True)
+            page.click(f'#finished tr[data-id="{primary["id"]}"] a.pair-link')
+            page.wait_for_selector("#pair-wf-mirror .wf-row")
+            assert page.url.endswith(f"#pair/{primary['pair_id']}")
+            assert page.text_content("#pair-h-request") == "request · 127.0.0.1"
+            assert page.text_content("#pair-h-mirror") == "mirror copy · slow"
+            cells = page.eval_on_selector_all(
+                "#pair-table tbody tr", "rows => Object.fromEntries(rows.map(r => [r.dataset.key, [...r.cells].map(c => c.textContent)]))"
+            )  # fmt: skip
+            shown = [float(text.removesuffix(" ms")) / 1000 for text in cells["ttft"][1:3]]
+            assert shown == [pytest.approx(primary["ttft"], abs=6e-5), pytest.approx(copy["ttft"], abs=6e-5)]
+            assert cells["output_tokens"] == ["output tokens", "40", "40", "±0"]
+            assert cells["outcome"] == ["outcome", "200 ok", "200 ok", "same"]
+            # The right-hand side is the slower one: its differences are marked so, its bars longer.
+            for key in ("ttft", "duration"):
+                diff = page.locator(f'#pair-table tr[data-key="{key}"] td.diff')
+                assert diff.get_attribute("class") == "num diff mirror-slower"
+                assert (diff.text_content() or "").startswith("+")
+            assert float(page.get_attribute('#pair-table tr[data-key="ttft"] td.diff', "data-seconds") or "nan") == (
+                pytest.approx(copy["ttft"] - primary["ttft"], abs=1e-9)
+            )
+            # One time scale: each root bar is as long as its duration against the longer of the two.
+            widths = {
+                side: page.eval_on_selector(
+                    f'#pair-wf-{side} .wf-row[data-span="root"] .wf-bar', "b => b.getBoundingClientRect().width"
+                )
+                for side in ("request", "mirror")
+            }
+            assert widths["request"] / widths["mirror"] == pytest.approx(
+                primary["duration"] / copy["duration"], rel=0.05
+            )
+            _shoot(page, "pair", tmp_path)
+            # The copy's own waterfall, and back to the pair from it; then from the copy's row.
+            page.click("#pair-open-mirror")
+            page.wait_for_selector('.wf-row[data-span="decode"]')
+            assert page.url.endswith(f"#trace/{copy['id']}")
+            page.click("#trace-pair")
+            page.wait_for_selector("#pair-wf-request .wf-row")
+            page.goto(view.view_url + "/#requests")
+            page.wait_for_selector(f'#finished tr[data-id="{copy["id"]}"] a.pair-link')
+            page.focus(f'#finished tr[data-id="{copy["id"]}"] a.pair-link')
+            page.keyboard.press("Enter")  # the link opens the pair, not the row's waterfall
+            page.wait_for_selector("#pair-wf-mirror .wf-row")
+            assert page.url.endswith(f"#pair/{primary['pair_id']}")
+            # The overview counts the clients' requests only, and the pairs apart.
+            page.goto(view.view_url + "/#overview")
+            page.wait_for_selector("#pairs tbody tr")
+            assert page.text_content("#c-requests") == "2"
+            pair_row = page.eval_on_selector("#pairs tbody tr", "r => [...r.cells].map(c => c.textContent)")
+            assert pair_row[:4] == ["127.0.0.1", "slow", "2", "2"] and pair_row[5].startswith("+")
+            assert pair_row[7] == "0 of 2"  # the mirror's first token never came first
+            page.screenshot(path=str(tmp_path / "ui-pair-overview.png"), full_page=True)
+            browser.close()
+            narrow, page = _browser(pw, tmp_path, problems, width=420)
+            page.goto(f"{view.view_url}/#pair/{primary['pair_id']}")
+            page.wait_for_selector("#pair-wf-mirror .wf-row")
+            assert _overflow(page) <= 0  # the table scrolls in its box, the waterfalls stack
+            page.screenshot(path=str(tmp_path / "ui-420-pair.png"), full_page=True)
+            narrow.close()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    assert problems == []
