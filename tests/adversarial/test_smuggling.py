@@ -8,6 +8,7 @@ import aiohttp
 import pytest
 
 from tests.adversarial.util import CHAT, raw_request
+from tests.bars import TIMING_BARS, fired_on_time
 from tests.fakes import FakeUpstream
 
 CANARY = b"sk-SMUGGLE-CANARY-7f3a"
@@ -115,7 +116,10 @@ async def test_oversize_body_is_413_with_a_clear_message(
 @pytest.mark.parametrize(
     "head", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"], ids=["silent", "half-head"]
 )
-async def test_slow_or_silent_clients_are_dropped(start_proxy, upstream: FakeUpstream, head: bytes) -> None:
+@TIMING_BARS
+async def test_slow_or_silent_clients_are_dropped(
+    start_proxy, upstream: FakeUpstream, head: bytes, strict: bool
+) -> None:
     """Slowloris: a connection that never finishes its request head is closed, not held for an hour."""
     import asyncio
     import time
@@ -125,11 +129,11 @@ async def test_slow_or_silent_clients_are_dropped(start_proxy, upstream: FakeUps
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(head)
         t = time.perf_counter()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(30):
             await reader.read()  # returns at EOF: the proxy closed the connection
         elapsed = time.perf_counter() - t
         writer.close()
-    assert 0.9 < elapsed < 2.5, elapsed
+    fired_on_time(elapsed, 1.0, strict=strict, early=0.1, late=1.5)  # not held for the hour a slowloris wants
     assert upstream.seen == []
 
 
