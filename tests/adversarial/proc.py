@@ -4,8 +4,10 @@ and OTLP/HTTP collectors that work, fail, or never answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+import math
 import os
 import re
 import signal
@@ -91,11 +93,15 @@ class ProxyProcess:
 @dataclass
 class OtlpSink:
     """An OTLP/HTTP endpoint on port 0. mode: ok | 503 | slow (answers after `delay`) |
-    blackhole (accepts, never answers) | refused (nothing listens)."""
+    blackhole (accepts, never answers) | refused (nothing listens).
+
+    `holds`: for slow and blackhole, each export held as [since, until] on `time.perf_counter`
+    (until: the answer, or the exporter giving up on the connection; inf while still held)."""
 
     mode: str = "ok"
     delay: float = 5.0
     bodies: list[bytes] = field(default_factory=list)
+    holds: list[list[float]] = field(default_factory=list)
     url: str = ""
     _runner: web.AppRunner | None = None
     _server: asyncio.Server | None = None
@@ -113,7 +119,13 @@ class OtlpSink:
         if self.mode == "blackhole":
 
             async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-                self._held.append(writer)  # read nothing, answer nothing, close nothing
+                self._held.append(writer)  # answer nothing, close nothing
+                held = [time.perf_counter(), math.inf]
+                self.holds.append(held)
+                with contextlib.suppress(ConnectionError):
+                    while await reader.read(65536):
+                        pass
+                held[1] = time.perf_counter()  # the exporter gave up and closed
 
             self._server = await asyncio.start_server(hold, "127.0.0.1", 0)
             self.url = "http://127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
@@ -126,7 +138,10 @@ class OtlpSink:
             if self.mode == "503":
                 return web.Response(status=503)
             if self.mode == "slow":
+                held = [time.perf_counter(), math.inf]
+                self.holds.append(held)
                 await asyncio.sleep(self.delay)
+                held[1] = time.perf_counter()
             self.bodies.append(body)
             return web.Response(body=b"", content_type="application/x-protobuf")
 

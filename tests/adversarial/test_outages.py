@@ -1,9 +1,13 @@
 """Telemetry outages under load: the OTLP collector refuses, black-holes, answers 503 or answers
 after 5 s while `taotrace serve` carries 100 streaming requests/s. Requests must not notice.
 
-Each run is compared with a healthy-collector run of the same shape. `make test` runs 6 s per
-collector mode with loose latency bars (shared machines); `pytest --soak` runs the issue's 60 s
-per mode with its strict bars (run it on a quiet machine).
+`make test` runs 6 s per collector mode and judges by what the machine's load cannot fake: every
+request whole; while the collector holds an export (slow, black-holed), requests started in that
+time end in it, which they could not if serving waited for the export; memory bounded; the exit
+bound; and no event-loop stall near the exporters' own waits (retries back off 1 s and more; a
+held export lasts 5-10 s), well above a loaded machine's scheduling noise. `pytest --soak` runs
+the issue's 60 s per mode with its strict latency bars against a healthy-collector run (TTFT p99
+within 5 ms, loop lag p99 under 5 ms): run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Run:
     gc_max: float
     exit_after: float
     spans_received: int
+    held_started: int  # requests started while the collector held an export
+    held_served: int  # ... and ended before it let go
 
     def line(self) -> str:
         return (
@@ -52,13 +58,18 @@ class Run:
             f"p99 {self.ttft_p99 * 1e3:.1f} ms; loop lag p99 {self.lag_p99 * 1e3:.2f} ms (max {self.lag_max * 1e3:.1f}); "
             f"RSS {self.rss_start / 2**20:.0f}->{self.rss_mid / 2**20:.0f}->{self.rss_peak / 2**20:.0f} MiB; "
             f"scrape max {self.scrape_max * 1e3:.0f} ms; GC pause max {self.gc_max * 1e3:.0f} ms; "
-            f"exit {self.exit_after:.2f} s after SIGTERM; spans at sink {self.spans_received}"
+            f"exit {self.exit_after:.2f} s after SIGTERM; spans at sink {self.spans_received}; "
+            f"{self.held_served} of {self.held_started} requests begun during a held export ended in it"
         )
 
 
-async def _load(url: str, metrics_url: str, seconds: float) -> tuple[int, int, list[float], list[float]]:
-    """Open loop: RATE streams/s for `seconds`, plus a /metrics scrape every second."""
+async def _load(
+    url: str, metrics_url: str, seconds: float
+) -> tuple[int, int, list[float], list[float], list[tuple[float, float]]]:
+    """Open loop: RATE streams/s for `seconds`, plus a /metrics scrape every second. Returns the
+    count sent and failed, TTFTs, scrape times, and each request's (start, end) on perf_counter."""
     ttfts: list[float] = []
+    windows: list[tuple[float, float]] = []
     scrapes: list[float] = []
     failed = 0
     expected = b"".join(FRAMES)
@@ -75,6 +86,7 @@ async def _load(url: str, metrics_url: str, seconds: float) -> tuple[int, int, l
                     failed += 1
         except aiohttp.ClientError:
             failed += 1
+        windows.append((t, time.perf_counter()))
 
     async def scrape(session: aiohttp.ClientSession) -> None:
         while True:
@@ -96,7 +108,18 @@ async def _load(url: str, metrics_url: str, seconds: float) -> tuple[int, int, l
             tasks.append(asyncio.create_task(one(session)))
         await asyncio.gather(*tasks)
         scraper.cancel()
-    return n, failed, ttfts, scrapes
+    return n, failed, ttfts, scrapes, windows
+
+
+def _during_holds(holds: list[list[float]], windows: list[tuple[float, float]]) -> tuple[int, int]:
+    """Requests begun while an export was held, and how many of those ended before it was let go."""
+    started = served = 0
+    for start, end in windows:
+        hold = next(((a, b) for a, b in holds if a <= start < b), None)
+        if hold is not None:
+            started += 1
+            served += end < hold[1]
+    return started, served
 
 
 async def outage_run(mode: str, seconds: float) -> Run:
@@ -108,7 +131,7 @@ async def outage_run(mode: str, seconds: float) -> Run:
                 await proc.started()
                 await asyncio.sleep(0.5)
                 t_start = time.time()
-                sent, failed, ttfts, scrapes = await _load(proc.url, proc.metrics_url, seconds)
+                sent, failed, ttfts, scrapes, windows = await _load(proc.url, proc.metrics_url, seconds)
                 t_end = time.time()
                 term = proc.terminate()
                 exited = await proc.exited(DRAIN + 15)
@@ -118,18 +141,21 @@ async def outage_run(mode: str, seconds: float) -> Run:
     finally:
         await sink.close()
     lags = [lag for t, lag in report["lags"] if t_start <= t <= t_end]
+    held_started, held_served = _during_holds(sink.holds, windows)
     rss = [r for t, r in report["rss"] if t_start <= t <= t_end]
     return Run(
         mode, sent, failed, pct(ttfts, 0.5), pct(ttfts, 0.99), pct(lags, 0.99), max(lags),
         rss[min(4, len(rss) - 1)], rss[len(rss) // 2], max(rss), max(scrapes), max([0.0] + [d for _, d in report["gc"]]), exited - term, len(sink.spans()) if mode == "ok" else 0,
+        held_started, held_served,
     )  # fmt: skip
 
 
 async def _compare(seconds: float, strict: bool) -> None:
-    """`strict`: the issue's bars (TTFT p99 within 5 ms of healthy, loop lag p99 < 5 ms), which
-    need a quiet machine; otherwise (make test, shared 2-core CI) latency bars are loose and only
-    catch a collector that blocks requests outright (one would add its 5-10 s timeouts)."""
-    ttft_slack, lag_bar = (0.005, 0.005) if strict else (0.100, 0.050)
+    """`strict`: the issue's latency bars against the healthy run, which need a quiet machine.
+    Otherwise (make test, shared 2-core machines) no latency is compared: two short runs' p99s
+    differ by the machine's load alone (a healthy run's TTFT p99 was 29 ms in one and 186 ms in
+    another; loop lag p99 12 ms and 44 ms). A collector that held up serving would show instead
+    as requests waiting out a held export, and as a loop stall of a second or more."""
     healthy = await outage_run("ok", seconds)
     print("\n" + healthy.line())
     assert healthy.failed == 0
@@ -141,8 +167,15 @@ async def _compare(seconds: float, strict: bool) -> None:
         runs.append(run)
     for run in runs:
         assert run.failed == 0, run.line()
-        assert run.ttft_p99 - healthy.ttft_p99 < ttft_slack, run.line()
-        assert run.lag_p99 < lag_bar, run.line()
+        if run.mode in ("slow", "blackhole"):
+            # Serving never waits for an export: what began while one was held ended while it
+            # still was (all but those begun in its last moments; none if serving waited).
+            assert run.held_started >= RATE, run.line()
+            assert run.held_served >= 0.5 * run.held_started, run.line()
+        if strict:
+            assert run.ttft_p99 - healthy.ttft_p99 < 0.005, run.line()
+            assert run.lag_p99 < 0.005, run.line()
+        assert run.lag_max < 1.0, run.line()  # no stall: the exporters wait 1 s and more
         # Bounded: the span queue (2048) fills and then drops; memory stops growing by mid-run.
         assert run.rss_peak - run.rss_start < 64 * 2**20, run.line()
         if seconds >= 30:
