@@ -5,6 +5,7 @@ Python is gone, is made afresh."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,9 +53,15 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+# Under `make test` the suite inherits the outer make's MAKELEVEL/MAKEFLAGS: a child make would
+# then call itself `make[2]` and take the outer command line's variables. Run it as a user would.
+_OUTER_MAKE = frozenset({"MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKE_TERMOUT", "MAKE_TERMERR"})
+
+
 def _make(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _OUTER_MAKE}
     return subprocess.run(
-        ["make", "--no-print-directory", *args], cwd=project, capture_output=True, text=True, timeout=60
+        ["make", "--no-print-directory", *args], cwd=project, capture_output=True, text=True, timeout=60, env=env
     )
 
 

@@ -205,10 +205,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stop(procs)
 
 
-def substitute(expr: str, api: str = ".*", model: str = ".*") -> str:
+def substitute(expr: str, api: str = ".*", model: str = ".*", upstream: str = ".*") -> str:
     return (
         expr.replace("$__rate_interval", RATE_INTERVAL)
         .replace("$__range", "60s")
+        .replace("$upstream", upstream)
         .replace("$api", api)
         .replace("$model", model)
     )
@@ -259,13 +260,17 @@ def test_every_panel_returns_data(stack: Stack) -> None:
     assert empty == [], "panels without data:\n" + "\n".join(empty)
 
 
-@pytest.mark.parametrize(("api", "model"), [("chat_completions", "o3-mini"), ("messages|responses", "gpt-4o")])
-def test_panels_accept_variable_values(stack: Stack, api: str, model: str) -> None:
-    # A chosen api/model (and a multi-value regex) still makes valid PromQL everywhere.
+@pytest.mark.parametrize(
+    ("api", "model", "upstream"),
+    [("chat_completions", "o3-mini", ".*"), ("messages|responses", "gpt-4o", "127.0.0.1")],
+)
+def test_panels_accept_variable_values(stack: Stack, api: str, model: str, upstream: str) -> None:
+    # A chosen upstream/api/model (and a multi-value regex) still makes valid PromQL everywhere;
+    # the proxy's one route is named after its upstream's host.
     for _, _, target in dashboard_targets():
-        stack.query(substitute(target["expr"], api=api, model=model))
+        stack.query(substitute(target["expr"], api=api, model=model, upstream=upstream))
     ttft = next(t for _, title, t in dashboard_targets() if title == "TTFT percentiles")
-    assert finite(stack.query(substitute(ttft["expr"], api=api, model=model)))
+    assert finite(stack.query(substitute(ttft["expr"], api=api, model=model, upstream=upstream)))
 
 
 def test_dashboard_variables_resolve(stack: Stack) -> None:
