@@ -9,7 +9,11 @@ share core 0; the proxy under test gets core 1 to itself (`taskset`), except the
 (`taotrace-w2`: `--workers 2`; `nginx-w2`: `worker_processes 2`), which get both cores and so
 share core 0 with the load. `taotrace-tp` (`--telemetry-process`: one serving worker, spans
 built and exported by the supervisor) is one process group on core 1, like `taotrace`: the same
-core, the telemetry off the serving process's GIL. After the sweep, each arm's throughput at
+core, the telemetry off the serving process's GIL. `taotrace-mirror` is `taotrace` with `--mirror`
+at ratio 1 and its caps lifted (`--mirror-concurrency 1000`): every request also copied, in the
+same process on core 1, to a second bench upstream on core 0; set beside `taotrace` (mirroring
+off, the same code otherwise), its added TTFT says what mirroring costs the client, and its CPU
+what the copies cost the proxy. After the sweep, each arm's throughput at
 saturation: 16-token streams, 256 started together, batch after batch (`--saturation-seconds`).
 Arms are interleaved batch by batch (A B C D E, B C D E A, ...), after a discarded warm-up. A
 batch is C streams started together on pre-opened keep-alive connections; TTFT runs from the
@@ -58,8 +62,8 @@ from samples import batch_spread, first_token_lags, lag_summary, pct, proxy_firs
 PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
 ARM_ORDER = (
-    "direct", "nginx", "nginx-w2", "taotrace", "taotrace-tp", "taotrace-w2", "taotrace-metrics", "taotrace-noexport",
-    "taotrace-baseline", "litellm",
+    "direct", "nginx", "nginx-w2", "taotrace", "taotrace-mirror", "taotrace-tp", "taotrace-w2", "taotrace-metrics",
+    "taotrace-noexport", "taotrace-baseline", "litellm",
 )  # fmt: skip
 BOTH_CPUS = "0,1"  # the two-worker arms run on both cores (beside the load generator on core 0)
 HOLD_TOKENS = 4
@@ -130,7 +134,8 @@ class Arm:
     # the live view's rows read so far: trace id -> the proxy's first-token instant (CLOCK_MONOTONIC s)
     first_tokens: dict[str, float] = field(default_factory=dict)
     ui_seq: int = 0  # the last ring seq read
-    ui_unread: int = 0  # requests sent since the last read (the ring keeps UI_RING)
+    ui_unread: int = 0  # rows added since the last read (the ring keeps UI_RING)
+    rows_per_request: int = 1  # taotrace-mirror: the copy is a row of its own
 
     def __post_init__(self) -> None:
         self.pool = Pool("127.0.0.1", self.port)
@@ -174,6 +179,7 @@ class Bench:
         self.skipped: dict[str, str] = {}
         self.cells: dict[tuple[str, int, int], Cell] = {}
         self.upstream_port = 0
+        self.mirror_port = 0  # the second bench upstream, taotrace-mirror's copies' (0: not started)
         self.sink_port = 0
         self.hold: dict[str, dict[str, object]] = {}
         self.checks: dict[str, object] = {}
@@ -197,33 +203,21 @@ class Bench:
 
     def start_all(self, wanted: list[str]) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TAOTRACE_"))}
-        self.upstream_port = free_port()
-        self._start(
-            Proc(
-                "upstream",
-                [
-                    PY,
-                    str(HERE / "upstream.py"),
-                    "--port",
-                    str(self.upstream_port),
-                    "--ttft-ms",
-                    str(self.plan.ttft_ms),
-                    "--interval-ms",
-                    str(self.plan.interval_ms),
-                ],
-                self.out / "upstream.log",
-                cpus=LOAD_CPU,
-                env=env,
-            ),
-            self.upstream_port,
-        )
+        self.upstream_port = self._start_upstream("upstream", env)
         upstream_url = f"http://127.0.0.1:{self.upstream_port}"
         if "direct" in wanted:
             self.arms["direct"] = Arm("direct", self.upstream_port)
         for name in ("nginx", "nginx-w2"):
             if name in wanted:
                 self._start_nginx(env, name)
-        for name in ("taotrace", "taotrace-tp", "taotrace-w2", "taotrace-metrics", "taotrace-noexport"):
+        for name in (
+            "taotrace",
+            "taotrace-mirror",
+            "taotrace-tp",
+            "taotrace-w2",
+            "taotrace-metrics",
+            "taotrace-noexport",
+        ):
             if name in wanted:
                 self._start_taotrace(name, env, upstream_url)
         if self.args.baseline:
@@ -231,6 +225,14 @@ class Bench:
         if "litellm" in wanted:
             self._start_litellm(env)
         self.arms = {n: self.arms[n] for n in ARM_ORDER if n in self.arms}
+
+    def _start_upstream(self, name: str, env: dict[str, str]) -> int:
+        """A bench upstream on the load's core; its port."""
+        port = free_port()
+        argv = [PY, str(HERE / "upstream.py"), "--port", str(port), "--ttft-ms", str(self.plan.ttft_ms)]
+        argv += ["--interval-ms", str(self.plan.interval_ms)]
+        self._start(Proc(name, argv, self.out / f"{name}.log", cpus=LOAD_CPU, env=env), port)
+        return port
 
     def _start_nginx(self, env: dict[str, str], name: str = "nginx") -> None:
         nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
@@ -333,6 +335,11 @@ class Bench:
             argv += ["--workers", "2"]  # spans go to the supervisor too: always so with workers
         if name == "taotrace-tp":
             argv += ["--telemetry-process"]
+        if name == "taotrace-mirror":  # every request copied: the worst case mirroring can cost
+            if not self.mirror_port:
+                self.mirror_port = self._start_upstream("mirror-upstream", env)
+            argv += ["--route", f"mirror:/mirror=http://127.0.0.1:{self.mirror_port}", "--mirror", "mirror"]
+            argv += ["--mirror-ratio", "1", "--mirror-max-per-minute", str(10**9), "--mirror-concurrency", "1000"]
         proc = Proc(
             name,
             argv,
@@ -343,6 +350,8 @@ class Bench:
         )
         self._start(proc, port)
         self.arms[name] = Arm(name, port, proc, metrics_port=mport)
+        if name == "taotrace-mirror":
+            self.arms[name].rows_per_request = 2
 
     def _start_litellm(self, env: dict[str, str]) -> None:
         script = HERE / "litellm.sh"
@@ -394,9 +403,10 @@ class Bench:
             await asyncio.sleep(0.01)  # let the proxy finish accepting before the clock starts
         raw = request_bytes("127.0.0.1", arm.port, "/v1/chat/completions", model, tokens)
         self._close_pending(arm)
-        if record and arm.metrics_port and arm.ui_unread + conc > UI_RING:
+        rows = conc * arm.rows_per_request
+        if record and arm.metrics_port and arm.ui_unread + rows > UI_RING:
             await self.read_first_tokens(arm)  # before this batch pushes unread rows out of the ring
-        arm.ui_unread += conc
+        arm.ui_unread += rows
         # direct: the client's own first-token arrival against the upstream's write, the floor of
         # that measurement on this host (the client sends the traceparent a proxy would)
         floor = record and arm.name == "direct"
@@ -465,6 +475,8 @@ class Bench:
     async def upstream_first_tokens(self) -> dict[str, float]:
         """The upstream's token-0 instants since the last call (it forgets them on reading)."""
         got = await http_get_json(self.upstream_port, "/bench/first_tokens")
+        if self.mirror_port:  # the copies' own: not compared with anything, but not left to pile up
+            await http_get_json(self.mirror_port, "/bench/first_tokens")
         return {k: v for k, v in got.items() if isinstance(v, float)}
 
     async def read_first_tokens(self, arm: Arm, settle: float = 0.05) -> None:
@@ -558,6 +570,8 @@ class Bench:
         await asyncio.sleep(1.0)
         rss1 = arm.rss_kib()
         released = await http_get_json(self.upstream_port, "/bench/release")
+        if self.mirror_port:  # taotrace-mirror's copies of the held streams are held there
+            await http_get_json(self.mirror_port, "/bench/release")
         done, _ = await asyncio.wait(futs, timeout=60)
         results = [
             analyse(f.result(), HOLD_MODEL, HOLD_TOKENS)
@@ -614,11 +628,17 @@ class Bench:
         for arm in self.arms.values():
             if arm.metrics_port:
                 text = await http_get_text(arm.metrics_port, "/metrics")
-                total = 0.0
+                totals = Counter[str]()
                 for line in text.splitlines():
-                    if line.startswith("taotrace_requests_total{"):
-                        total += float(line.rsplit(" ", 1)[1])
-                self.checks[f"{arm.name}_requests_total"] = total
+                    for family in ("taotrace_requests_total", "taotrace_mirror_requests_total"):
+                        if line.startswith(family + "{"):
+                            totals[family] += float(line.rsplit(" ", 1)[1])
+                    if line.startswith("taotrace_mirror_dropped_total{"):
+                        totals["mirror_dropped"] += float(line.rsplit(" ", 1)[1])
+                self.checks[f"{arm.name}_requests_total"] = totals["taotrace_requests_total"]
+                if arm.name == "taotrace-mirror":
+                    self.checks["mirror_copies_total"] = totals["taotrace_mirror_requests_total"]
+                    self.checks["mirror_dropped_total"] = totals["mirror_dropped"]
 
     async def main(self) -> None:
         self.log("sanity check (one 8-token stream per arm)")
@@ -791,6 +811,29 @@ def reduce(bench: Bench) -> dict[str, object]:
             info["hold"] = bench.hold[name]
         arms[name] = info
 
+    mirroring = []  # taotrace-mirror against taotrace: the same code, mirroring on and off
+    pooled_by = {(e["arm"], e["concurrency"]): e for e in by_conc}
+    for (arm, conc), on in sorted(pooled_by.items()):
+        off = pooled_by.get(("taotrace", conc))
+        if arm != "taotrace-mirror" or off is None:
+            continue
+        entry = {"concurrency": conc, "samples_on": on["samples"], "samples_off": off["samples"]}
+        for key in ("added_ttft_p50_ms", "added_ttft_p99_ms", "ttft_p50_ms", "ttft_p99_ms"):
+            a, b = on.get(key), off.get(key)
+            entry[f"{key}_on_minus_off"] = None if a is None or b is None else a - b
+        mirroring.append(entry)
+    if mirroring:
+        on_cpu = arms.get("taotrace-mirror", {}).get("cpu_fit_us_per_request")
+        off_cpu = arms.get("taotrace", {}).get("cpu_fit_us_per_request")
+        mirroring.append(
+            {
+                "copies": bench.checks.get("mirror_copies_total"),
+                "dropped": bench.checks.get("mirror_dropped_total"),
+                "client_requests": bench.checks.get("taotrace-mirror_requests_total"),
+                "cpu_fit_us_per_request_on_minus_off": None if on_cpu is None or off_cpu is None else on_cpu - off_cpu,
+            }
+        )
+
     sink = bench.checks.get("otlp_sink") or {}
     exporting = [n for n in bench.arms if n.startswith("taotrace") and n != "taotrace-noexport"]
     spans = {n: sink.get(f"spans:taotrace-bench-{n}", 0) for n in exporting}  # type: ignore[union-attr]
@@ -800,6 +843,7 @@ def reduce(bench: Bench) -> dict[str, object]:
         "arms": arms,
         "throughput": bench.throughput,
         "otlp_spans": spans,
+        "mirroring": mirroring,
     }
 
 
@@ -892,6 +936,16 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
             "within +-0.2 ms",
             None if v is None else abs(v) <= 0.2,
         )
+    # --mirror never delays the client: the same code with every request copied, against none.
+    on, off = bc.get(("taotrace-mirror", 1), {}), bc.get((tt, 1), {})
+    a, b = on.get("added_ttft_p50_ms"), off.get("added_ttft_p50_ms")
+    v = None if a is None or b is None else a - b
+    add(
+        f"added TTFT p50 @ 1 stream, mirroring on - off (n {on.get('samples', 0)} / {off.get('samples', 0)})",
+        v,
+        "within +-0.2 ms",
+        None if v is None else abs(v) <= 0.2,
+    )
     for arm, spans in result.get("otlp_spans", {}).items():  # type: ignore[union-attr]
         add(f"spans of {arm} received by the OTLP sink (export on is live)", spans, "> 0", spans > 0)
     return out
@@ -993,6 +1047,23 @@ def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
                     else ""
                 )
             )
+    mirroring = result.get("mirroring") or []
+    if mirroring:
+        print()
+        print("mirroring: taotrace-mirror (every request copied to a second upstream) minus taotrace (no copies), ms:")
+        for e in mirroring:  # type: ignore[union-attr]
+            if "concurrency" in e:
+                print(
+                    f"  conc {e['concurrency']:>4}  n {e['samples_on']:>5} / {e['samples_off']:<5}"
+                    f"  +TTFT p50 {fmt(e['added_ttft_p50_ms_on_minus_off'], 3):>7}"
+                    f"  +TTFT p99 {fmt(e['added_ttft_p99_ms_on_minus_off'], 3):>7}"
+                )
+            else:
+                print(
+                    f"  copies {fmt(e['copies'], 0)} for {fmt(e['client_requests'], 0)} client requests,"
+                    f" {fmt(e['dropped'], 0)} dropped by a cap;"
+                    f" CPU fit per request, on - off: {fmt(e['cpu_fit_us_per_request_on_minus_off'], 0)} us"
+                )
     if result.get("ratios"):
         print()
         print("ratios:")
