@@ -1,0 +1,362 @@
+"""One connection's response cycle, without I/O: reads, closes and timeouts in; a `State` and the
+events the adapter must act on out.
+
+Every rule about what a connection may do next lives in this file: the table `TRANSITIONS` (with
+`OTHERWISE` for any input a state does not list) and the one function that applies it,
+`transition()`. `ResponseCycle` turns what llhttp (`httptools`) parses into inputs, and keeps
+what a state does not: the head, the framing, why a response failed. The asyncio side
+(`_connection.py`) feeds it and does what its events say; it decides nothing itself.
+
+    IDLE ─SEND─► AWAIT_HEAD ─HEAD─────────► BODY ────────END──────► DONE ─RELEASE─► IDLE
+                  │  ▲ INTERIM (1xx)                      END_CLOSE ─► MUST_CLOSE
+                  │  └─┘    ─HEAD_TO_EOF──► BODY_TO_EOF ─END, EOF──┘  (END: DONE)
+                  └── INVALID, TIMEOUT, EOF (and, in a body, SINK_FAILED) ──► FAILED
+
+    DONE ── any read, garbage, a failed relay, EOF ──► MUST_CLOSE (the response stays whole)
+    IDLE ── bytes nobody asked for, EOF ──► CLOSED;  RELEASE before the end ──► CLOSED
+
+A response is *complete* in DONE and MUST_CLOSE; only DONE may go back to the pool. A response
+to HEAD ends with its head (RFC 9110 §9.3.2), so it is never reused: llhttp would read the body
+its `Content-Length` announces.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import httptools
+
+from proxy.errors import BodyFailure, UpstreamBroken, UpstreamTimeout
+
+__all__ = [
+    "FIELD_LIMIT",
+    "HEAD_LIMIT",
+    "OTHERWISE",
+    "TRANSITIONS",
+    "Event",
+    "Input",
+    "ResponseCycle",
+    "Stale",
+    "State",
+    "transition",
+]
+
+HEAD_LIMIT = 64 * 1024  # response status line + headers; more is a broken upstream
+FIELD_LIMIT = 16 * 1024  # one header line
+
+
+class State(enum.Enum):
+    """Where a connection is in its response cycle."""
+
+    IDLE = "idle"  # no request: new, or back in the pool
+    AWAIT_HEAD = "await_head"  # the request is written; interim (1xx) heads are skipped
+    BODY = "body"  # the final head is in; the body is framed (Content-Length or chunked)
+    BODY_TO_EOF = "body_to_eof"  # ... unframed: it ends with the connection (RFC 9112 §6.3)
+    DONE = "done"  # the response is whole and the connection may carry another request
+    MUST_CLOSE = "must_close"  # the response is whole, the connection may not be reused
+    FAILED = "failed"  # the response failed (`ResponseCycle.failure` says how); connection closed
+    CLOSED = "closed"  # the connection closed with no response in flight
+
+
+class Input(enum.Enum):
+    """What happened: on the wire, in the relay, or by the caller's hand."""
+
+    SEND = "send"  # the request was written
+    INTERIM = "interim"  # a 1xx head (not 101): the real one follows
+    HEAD = "head"  # the final head, of a framed body
+    HEAD_TO_EOF = "head_to_eof"  # the final head, of a body that runs to the end of the connection
+    END = "end"  # the parser reached the end of a message, and the upstream keeps the connection
+    END_CLOSE = "end_close"  # ... and the upstream will not (HTTP/1.0, `Connection: close`), or HEAD
+    STRAY = "stray"  # bytes no request asked for: on an idle connection, or after the response
+    INVALID = "invalid"  # bytes that are not HTTP, or over our limits
+    SINK_FAILED = "sink_failed"  # the relay could not take the body (client gone, discard budget spent)
+    TIMEOUT = "timeout"  # nothing arrived within the idle read timeout
+    EOF = "eof"  # the connection closed
+    RELEASE = "release"  # the caller is done with the response
+
+
+class Event(enum.Enum):
+    """What the adapter must do after a transition."""
+
+    HEAD = "head"  # the final head is in: status, reason and headers can be read
+    END = "end"  # the body is whole: wake the relay
+    FAIL = "fail"  # the response failed: close the connection, raise `failure` to whoever waits
+    CLOSE = "close"  # close the connection; nobody waits on it
+
+
+S, I, E = State, Input, Event
+
+# (state, input) -> (next state, event). An input a state does not list goes by `OTHERWISE`.
+TRANSITIONS: dict[State, dict[Input, tuple[State, Event | None]]] = {
+    S.IDLE: {
+        I.SEND: (S.AWAIT_HEAD, None),
+        I.EOF: (S.CLOSED, None),
+    },
+    S.AWAIT_HEAD: {
+        I.INTERIM: (S.AWAIT_HEAD, None),
+        I.END: (S.AWAIT_HEAD, None),  # the end of an interim response
+        I.END_CLOSE: (S.AWAIT_HEAD, None),
+        I.HEAD: (S.BODY, E.HEAD),
+        I.HEAD_TO_EOF: (S.BODY_TO_EOF, E.HEAD),
+        I.RELEASE: (S.CLOSED, None),  # the caller gave up (cancelled); it closes the connection
+    },
+    S.BODY: {
+        I.END: (S.DONE, E.END),
+        I.END_CLOSE: (S.MUST_CLOSE, E.END),
+        I.RELEASE: (S.CLOSED, None),
+    },
+    S.BODY_TO_EOF: {
+        I.EOF: (S.MUST_CLOSE, E.END),  # no length given: the close is the end, not a cut
+        I.END: (S.DONE, E.END),  # llhttp ends some unframed bodies itself (204, 304)
+        I.END_CLOSE: (S.MUST_CLOSE, E.END),
+        I.RELEASE: (S.CLOSED, None),
+    },
+    S.DONE: {
+        I.RELEASE: (S.IDLE, None),
+        I.EOF: (S.MUST_CLOSE, None),
+    },
+    S.MUST_CLOSE: {
+        I.RELEASE: (S.MUST_CLOSE, None),  # the caller closes it; the response stays complete
+        I.EOF: (S.MUST_CLOSE, None),
+        I.END: (S.MUST_CLOSE, None),  # the end llhttp sees of a bodiless answer to HEAD
+        I.END_CLOSE: (S.MUST_CLOSE, None),
+    },
+    S.FAILED: {},
+    S.CLOSED: {},
+}
+
+OTHERWISE: dict[State, tuple[State, Event | None]] = {
+    S.IDLE: (S.CLOSED, E.CLOSE),  # bytes nobody asked for: the connection cannot be trusted
+    S.AWAIT_HEAD: (S.FAILED, E.FAIL),
+    S.BODY: (S.FAILED, E.FAIL),
+    S.BODY_TO_EOF: (S.FAILED, E.FAIL),
+    S.DONE: (S.MUST_CLOSE, E.CLOSE),  # the response was whole; only the connection is spoiled
+    S.MUST_CLOSE: (S.MUST_CLOSE, E.CLOSE),
+    S.FAILED: (S.FAILED, None),  # the first failure is the one reported
+    S.CLOSED: (S.CLOSED, None),
+}
+
+
+def transition(state: State, what: Input) -> tuple[State, Event | None]:
+    """The state after `what` happens in `state`, and the event the adapter must act on."""
+    return TRANSITIONS[state].get(what) or OTHERWISE[state]
+
+
+class Stale(Exception):
+    """A reused connection closed before any byte of the response: idempotent requests may retry."""
+
+
+class _Broken(Exception):
+    """Raised inside a parser callback to stop parsing; `what` is our own words for it."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class _Stray(Exception):
+    """Raised inside a parser callback: bytes after the response's end."""
+
+
+class ResponseCycle:
+    """The response cycle of one upstream connection, one request at a time.
+
+    `start()` when the request is written; `receive(data)` per read returns the body bytes in
+    it; `closed()`, `timed_out()`, `sink_failed()`, `release()` for the rest. Each appends the
+    events of its transitions to `events`, which the caller drains.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where  # "host:port", for our own messages
+        self.parser = httptools.HttpResponseParser(self)
+        self.state = State.IDLE
+        self.events: list[Event] = []
+        self.parts: list[bytes] = []  # body pieces of the read being parsed
+        self._clear()
+
+    def _clear(self) -> None:
+        self.head_only = False  # a HEAD request: the response has no body whatever it says
+        self.reused = False  # taken from the pool for this request (a stale one may be retried)
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[str, str]] = []
+        self.framed = False  # Content-Length or chunked: EOF before the end is a cut
+        self.head_bytes = 0  # bytes read before the final head was parsed
+        self.failure: BaseException | None = None  # why the cycle entered FAILED
+        self.fault: Exception | None = None  # a parse failure held until `settle()`
+        self.discard_left: int | None = None  # the body bytes `discard()` still allows
+
+    # --- properties of the state -----------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A request owns the connection (until it is released)."""
+        return self.state is not State.IDLE and self.state is not State.CLOSED
+
+    @property
+    def waiting(self) -> bool:
+        """Bytes are due from the upstream: the idle read timeout runs."""
+        state = self.state
+        return state is State.AWAIT_HEAD or state is State.BODY or state is State.BODY_TO_EOF
+
+    @property
+    def complete(self) -> bool:
+        """The response was read to its end."""
+        return self.state is State.DONE or self.state is State.MUST_CLOSE
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def _fire(self, what: Input, detail: str = "") -> None:
+        state, event = transition(self.state, what)
+        if state is State.FAILED and self.state is not State.FAILED:
+            self.failure = self._failure(what, detail)
+        self.state = state
+        if event is not None:
+            self.events.append(event)
+
+    def _failure(self, what: Input, detail: str) -> BaseException:
+        """What failing on `what` in the current state means to whoever waits on the response."""
+        if self.state is State.AWAIT_HEAD:
+            if what is Input.TIMEOUT:
+                return UpstreamTimeout(f"upstream {self.where} sent no response headers within the idle read timeout")
+            if what is Input.EOF:
+                if self.reused and not self.head_bytes:
+                    return Stale()
+                return UpstreamBroken("closed the connection before responding")
+            return UpstreamBroken(detail or "sent an invalid HTTP response")  # the pool adds "upstream host:port"
+        if what is Input.TIMEOUT:
+            return BodyFailure("timeout", detail)
+        if what is Input.EOF:
+            return BodyFailure("stream_cut", "upstream closed the connection mid-body")
+        if what is Input.SINK_FAILED:
+            return BodyFailure("client_abort", "the body could not be relayed to the client")
+        return BodyFailure("stream_cut", detail or "invalid response body framing")
+
+    def start(self, *, head_only: bool, reused: bool) -> None:
+        """The request was written."""
+        if self.state is not State.IDLE:
+            raise RuntimeError(f"a request was started on a connection in state {self.state.name}")
+        self.head_only = head_only
+        self.reused = reused
+        self._fire(Input.SEND)
+
+    def receive(self, data: bytes) -> bytes | None:
+        """Parse one read; returns the body bytes in it (None: none, or discarded).
+
+        A parse failure found after body bytes is held in `fault`: the caller relays the body
+        first, then calls `settle()` (or `sink_failed()` if the relay failed, which wins)."""
+        state = self.state
+        if state is not State.BODY and state is not State.BODY_TO_EOF:
+            if state is not State.AWAIT_HEAD:
+                self._fire(Input.STRAY)
+                return None
+            self.head_bytes += len(data)
+        fault: Exception | None = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            fault = exc
+        if fault is None and self.state is State.AWAIT_HEAD and self.head_bytes > HEAD_LIMIT:
+            fault = _Broken(f"sent a response head over {HEAD_LIMIT} bytes")
+        parts = self.parts
+        if not parts:
+            if fault is not None:
+                self._fail_parse(fault)
+            return None
+        chunk = parts[0] if len(parts) == 1 else b"".join(parts)
+        parts.clear()
+        self.fault = fault
+        left = self.discard_left
+        if left is not None:
+            self.discard_left = left = left - len(chunk)
+            if left < 0:
+                self.sink_failed()
+            return None
+        return chunk
+
+    def settle(self) -> None:
+        """Act on the parse failure `receive` held back, now that the body before it is relayed."""
+        fault, self.fault = self.fault, None
+        if fault is not None:
+            self._fail_parse(fault)
+
+    def _fail_parse(self, exc: Exception) -> None:
+        cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
+        if isinstance(cause, _Stray):
+            self._fire(Input.STRAY)
+        elif isinstance(cause, _Broken):
+            self._fire(Input.INVALID, cause.what)  # our own words for a limit or a rule
+        elif self.state is State.AWAIT_HEAD:
+            self._fire(Input.INVALID, "sent an invalid HTTP response")  # never the bytes themselves
+        else:
+            self._fire(Input.INVALID, f"invalid response body framing ({type(exc).__name__})")
+
+    def sink_failed(self) -> None:
+        """The relay could not take the body; this, not a parse failure of the same read, ends it."""
+        self.fault = None
+        self._fire(Input.SINK_FAILED)
+
+    def discard(self, budget: int) -> None:
+        """From now on the body is counted and dropped, not returned; past `budget` bytes the
+        relay has failed (`SINK_FAILED`), so the connection is not kept."""
+        self.discard_left = budget
+        if budget < 0:
+            self.sink_failed()
+
+    def timed_out(self, seconds: float) -> None:
+        """Nothing arrived for `seconds` while bytes were due."""
+        self._fire(Input.TIMEOUT, f"upstream sent nothing for {seconds:g}s mid-body")
+
+    def closed(self) -> None:
+        """The connection closed (either side)."""
+        self._fire(Input.EOF)
+
+    def release(self) -> bool:
+        """The caller is done with the response. True: the connection may carry another request;
+        False: the caller closes it."""
+        self._fire(Input.RELEASE)
+        if self.state is not State.IDLE:
+            return False
+        self._clear()
+        return True
+
+    # --- httptools callbacks (inside `receive`) -----------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.state is not State.AWAIT_HEAD:
+            raise _Stray  # a second response to one request: stop parsing it
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.state is not State.AWAIT_HEAD:
+            return  # chunked trailers: not relayed (the client's framing is the proxy's own)
+        if len(name) + len(value) > FIELD_LIMIT:
+            raise _Broken(f"sent a header line over {FIELD_LIMIT} bytes")
+        key = name.decode("ascii", "surrogateescape")
+        lower = key.lower()
+        if lower == "content-length" or (lower == "transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+        self.headers.append((key, value.decode("utf-8", "surrogateescape")))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                raise _Broken("switched protocols, which the proxy does not relay")
+            self.reason, self.headers, self.framed = b"", [], False
+            self._fire(Input.INTERIM)
+            return
+        self.status = status
+        self._fire(Input.HEAD if self.framed else Input.HEAD_TO_EOF)
+        if self.head_only:
+            self._fire(Input.END_CLOSE)
+
+    def on_body(self, body: bytes) -> None:
+        if self.state is State.MUST_CLOSE:
+            raise _Stray  # the answer to HEAD ended with its head; llhttp reads the body it announced
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        self._fire(Input.END if self.parser.should_keep_alive() else Input.END_CLOSE)

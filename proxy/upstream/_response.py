@@ -1,0 +1,73 @@
+"""`UpstreamResponse`: one request's handle on its response, from the head to `close()`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from proxy import tcpinfo
+from proxy.tcpinfo import TcpInfo
+from proxy.upstream._connection import Connection, Sink
+
+if TYPE_CHECKING:
+    from proxy.upstream._pool import UpstreamPool
+
+__all__ = ["UpstreamResponse"]
+
+
+class UpstreamResponse:
+    """The response head, and `relay()` for the body."""
+
+    __slots__ = ("_conn", "_pool", "headers", "reason", "status", "tcp_start")
+
+    def __init__(self, conn: Connection, pool: UpstreamPool) -> None:
+        self._conn = conn
+        self._pool = pool
+        cycle = conn.cycle
+        self.status = cycle.status
+        self.reason = cycle.reason.decode("latin-1", "replace").strip() or None
+        self.headers = cycle.headers
+        # TCP_INFO when the request took the connection: zero counters for a new one, else the
+        # reading at the end of its previous request (nothing of ours was in flight since).
+        self.tcp_start = conn.tcp_last
+
+    def header(self, name: str, default: str = "") -> str:
+        name = name.lower()
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return default
+
+    def relay(self, sink: Sink, drained: Callable[[], Awaitable[None]]) -> Coroutine[Any, Any, None]:
+        """Hand every read of the body to `sink` until the end (await it). Raises `BodyFailure`.
+
+        `sink` runs inside `data_received`; when it returns True, reading pauses until
+        `drained()` returns (the client caught up).
+        """
+        return self._conn.relay(sink, drained)
+
+    @property
+    def complete(self) -> bool:
+        """The body was read to its end."""
+        return self._conn.cycle.complete
+
+    def tcp_info(self) -> TcpInfo | None:
+        """The connection's `TCP_INFO` now; None off Linux or once it is closed."""
+        conn = self._conn
+        return None if conn.closed else tcpinfo.read(conn.sock)
+
+    def end_tcp(self) -> TcpInfo | None:
+        """`TCP_INFO` as the request ends (before `close()` or `discard_rest()`), or the reading
+        taken as the connection closed; it is also the connection's next request's baseline."""
+        conn = self._conn
+        return conn.tcp_last if conn.closed else conn.read_tcp()
+
+    def close(self) -> None:
+        """Reuse the connection if the body was read to its end, else drop it."""
+        self._pool._give_back(self._conn)
+
+    def discard_rest(self) -> None:
+        """Instead of `close()`, when the client already has all it needs of the body (a stream's
+        terminal event) and left: read the rest in the background, discarding it, so the
+        connection can go back to the pool; past the pool's bounds it is closed instead."""
+        self._pool._discard_rest(self, self._conn)
