@@ -440,3 +440,19 @@ async def test_body_arriving_before_the_relay_attaches_is_bounded() -> None:
         await asyncio.wait_for(resp.relay(sink, drained), 10)
         resp.close()
         assert got == total
+
+
+async def test_a_second_response_behind_the_last_body_bytes_ends_the_relay_and_the_connection() -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the relay is waiting for more
+        writer.write(b"world" + OK)  # the end, and a response nobody asked for, in one read
+        await reader.read()
+
+    async with Raw(script) as srv, pool_for(srv.port) as pool:
+        resp, body, _ = await asyncio.wait_for(fetch(pool), 3)
+        assert body == b"helloworld" and resp.complete
+        await asyncio.sleep(0.05)
+        assert srv.closed == [0]  # not pooled: the connection cannot be trusted

@@ -17,7 +17,7 @@ from typing import Any
 from proxy import tcpinfo
 from proxy.errors import BodyFailure
 from proxy.tcpinfo import TcpInfo
-from proxy.upstream._cycle import Event, ResponseCycle, State
+from proxy.upstream._cycle import BODY_ENDED, CLOSED, DONE, FAIL, HEAD_READY, IDLE, MUST_CLOSE, ResponseCycle
 
 __all__ = ["PENDING_LIMIT", "Connection", "Sink"]
 
@@ -106,16 +106,20 @@ class Connection(asyncio.Protocol):
         events = cycle.events
         while events:
             event = events.pop(0)
-            if event is Event.HEAD:
-                _resolve(self.head_waiter)
-            elif event is Event.END:
+            if event is HEAD_READY:
+                waiter = self.head_waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            elif event is BODY_ENDED:
                 self._cancel_timer()
-                _resolve(self.body_waiter)
+                waiter = self.body_waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
             else:  # FAIL or CLOSE: the connection goes
                 if not self.closed:
                     self.read_tcp()  # the request's end reading, before the socket goes
                 self.abort()
-                if event is Event.FAIL:
+                if event is FAIL:
                     failure = cycle.failure
                     assert failure is not None
                     for waiter in (self.head_waiter, self.body_waiter):
@@ -126,7 +130,6 @@ class Connection(asyncio.Protocol):
 
     def start(self, head: bytes, body: bytes, *, head_only: bool, reused: bool, read_timeout: float) -> None:
         """Write the request; `head_waiter` resolves when the response head is in."""
-        self.unpark()
         self.cycle.start(head_only=head_only, reused=reused)
         self.read_timeout = read_timeout
         self.head_waiter = self.loop.create_future()
@@ -165,11 +168,11 @@ class Connection(asyncio.Protocol):
         cycle = self.cycle
         while True:
             state = cycle.state
-            if state is State.DONE or state is State.MUST_CLOSE:
+            if state is DONE or state is MUST_CLOSE:
                 return
             if cycle.failure is not None:
                 raise cycle.failure
-            if state is State.CLOSED:
+            if state is CLOSED:
                 raise BodyFailure("stream_cut", "the response was closed before its end")
             if self.paused:
                 await drained()
@@ -236,7 +239,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         return (
             not self.closed and transport is not None and not transport.is_closing()
-            and self.cycle.state is State.IDLE
+            and self.cycle.state is IDLE
         )  # fmt: skip
 
     # --- TCP_INFO and closing ----------------------------------------------------------------

@@ -7,13 +7,13 @@ Every rule about what a connection may do next lives in this file: the table `TR
 what a state does not: the head, the framing, why a response failed. The asyncio side
 (`_connection.py`) feeds it and does what its events say; it decides nothing itself.
 
-    IDLE ─SEND─► AWAIT_HEAD ─HEAD─────────► BODY ────────END──────► DONE ─RELEASE─► IDLE
-                  │  ▲ INTERIM (1xx)                      END_CLOSE ─► MUST_CLOSE
-                  │  └─┘    ─HEAD_TO_EOF──► BODY_TO_EOF ─END, EOF──┘  (END: DONE)
-                  └── INVALID, TIMEOUT, EOF (and, in a body, SINK_FAILED) ──► FAILED
+    IDLE ─SEND─► AWAIT_HEAD ─HEAD─────────► BODY ────END──────────► DONE ─RELEASE─► IDLE
+                  │ ▲    │                     └─END_CLOSE──┐          │ EOF, any read, garbage,
+                  └─┘    └─HEAD_TO_EOF─► BODY_TO_EOF ─EOF───┴─► MUST_CLOSE ◄┘ a failed relay
+                INTERIM (1xx)      (ends on END / END_CLOSE too: 204, 304)
 
-    DONE ── any read, garbage, a failed relay, EOF ──► MUST_CLOSE (the response stays whole)
-    IDLE ── bytes nobody asked for, EOF ──► CLOSED;  RELEASE before the end ──► CLOSED
+    AWAIT_HEAD, BODY, BODY_TO_EOF ─INVALID, TIMEOUT, SINK_FAILED, EOF (not BODY_TO_EOF)─► FAILED
+    IDLE ─bytes nobody asked for, EOF─► CLOSED     AWAIT_HEAD, BODY, BODY_TO_EOF ─RELEASE─► CLOSED
 
 A response is *complete* in DONE and MUST_CLOSE; only DONE may go back to the pool. A response
 to HEAD ends with its head (RFC 9110 §9.3.2), so it is never reused: llhttp would read the body
@@ -57,6 +57,8 @@ class State(enum.Enum):
     FAILED = "failed"  # the response failed (`ResponseCycle.failure` says how); connection closed
     CLOSED = "closed"  # the connection closed with no response in flight
 
+    __hash__ = object.__hash__  # see `Event`
+
 
 class Input(enum.Enum):
     """What happened: on the wire, in the relay, or by the caller's hand."""
@@ -74,66 +76,77 @@ class Input(enum.Enum):
     EOF = "eof"  # the connection closed
     RELEASE = "release"  # the caller is done with the response
 
+    __hash__ = object.__hash__  # see `Event`
+
 
 class Event(enum.Enum):
     """What the adapter must do after a transition."""
 
-    HEAD = "head"  # the final head is in: status, reason and headers can be read
-    END = "end"  # the body is whole: wake the relay
+    HEAD_READY = "head_ready"  # the final head is in: status, reason and headers can be read
+    BODY_ENDED = "body_ended"  # the body is whole: wake the relay
     FAIL = "fail"  # the response failed: close the connection, raise `failure` to whoever waits
     CLOSE = "close"  # close the connection; nobody waits on it
 
+    # Members are singletons compared by identity: hash them so, in C (Enum's own `__hash__`
+    # is Python code, run on every table lookup).
+    __hash__ = object.__hash__
 
-S, I, E = State, Input, Event
+
+# The members as module names, in definition order (a test pins it): for the table's sake, and
+# because `State.BODY` is an attribute lookup through the enum's metaclass, ~6x a global's cost,
+# on a path run per read.
+IDLE, AWAIT_HEAD, BODY, BODY_TO_EOF, DONE, MUST_CLOSE, FAILED, CLOSED = State
+SEND, INTERIM, HEAD, HEAD_TO_EOF, END, END_CLOSE, STRAY, INVALID, SINK_FAILED, TIMEOUT, EOF, RELEASE = Input
+HEAD_READY, BODY_ENDED, FAIL, CLOSE = Event
 
 # (state, input) -> (next state, event). An input a state does not list goes by `OTHERWISE`.
 TRANSITIONS: dict[State, dict[Input, tuple[State, Event | None]]] = {
-    S.IDLE: {
-        I.SEND: (S.AWAIT_HEAD, None),
-        I.EOF: (S.CLOSED, None),
+    IDLE: {
+        SEND: (AWAIT_HEAD, None),
+        EOF: (CLOSED, None),
     },
-    S.AWAIT_HEAD: {
-        I.INTERIM: (S.AWAIT_HEAD, None),
-        I.END: (S.AWAIT_HEAD, None),  # the end of an interim response
-        I.END_CLOSE: (S.AWAIT_HEAD, None),
-        I.HEAD: (S.BODY, E.HEAD),
-        I.HEAD_TO_EOF: (S.BODY_TO_EOF, E.HEAD),
-        I.RELEASE: (S.CLOSED, None),  # the caller gave up (cancelled); it closes the connection
+    AWAIT_HEAD: {
+        INTERIM: (AWAIT_HEAD, None),
+        END: (AWAIT_HEAD, None),  # the end of an interim response
+        END_CLOSE: (AWAIT_HEAD, None),
+        HEAD: (BODY, HEAD_READY),
+        HEAD_TO_EOF: (BODY_TO_EOF, HEAD_READY),
+        RELEASE: (CLOSED, None),  # the caller gave up (cancelled); it closes the connection
     },
-    S.BODY: {
-        I.END: (S.DONE, E.END),
-        I.END_CLOSE: (S.MUST_CLOSE, E.END),
-        I.RELEASE: (S.CLOSED, None),
+    BODY: {
+        END: (DONE, BODY_ENDED),
+        END_CLOSE: (MUST_CLOSE, BODY_ENDED),
+        RELEASE: (CLOSED, None),
     },
-    S.BODY_TO_EOF: {
-        I.EOF: (S.MUST_CLOSE, E.END),  # no length given: the close is the end, not a cut
-        I.END: (S.DONE, E.END),  # llhttp ends some unframed bodies itself (204, 304)
-        I.END_CLOSE: (S.MUST_CLOSE, E.END),
-        I.RELEASE: (S.CLOSED, None),
+    BODY_TO_EOF: {
+        EOF: (MUST_CLOSE, BODY_ENDED),  # no length given: the close is the end, not a cut
+        END: (DONE, BODY_ENDED),  # llhttp ends some unframed bodies itself (204, 304)
+        END_CLOSE: (MUST_CLOSE, BODY_ENDED),
+        RELEASE: (CLOSED, None),
     },
-    S.DONE: {
-        I.RELEASE: (S.IDLE, None),
-        I.EOF: (S.MUST_CLOSE, None),
+    DONE: {
+        RELEASE: (IDLE, None),
+        EOF: (MUST_CLOSE, None),
     },
-    S.MUST_CLOSE: {
-        I.RELEASE: (S.MUST_CLOSE, None),  # the caller closes it; the response stays complete
-        I.EOF: (S.MUST_CLOSE, None),
-        I.END: (S.MUST_CLOSE, None),  # the end llhttp sees of a bodiless answer to HEAD
-        I.END_CLOSE: (S.MUST_CLOSE, None),
+    MUST_CLOSE: {
+        RELEASE: (MUST_CLOSE, None),  # the caller closes it; the response stays complete
+        EOF: (MUST_CLOSE, None),
+        END: (MUST_CLOSE, None),  # the end llhttp sees of a bodiless answer to HEAD
+        END_CLOSE: (MUST_CLOSE, None),
     },
-    S.FAILED: {},
-    S.CLOSED: {},
+    FAILED: {},
+    CLOSED: {},
 }
 
 OTHERWISE: dict[State, tuple[State, Event | None]] = {
-    S.IDLE: (S.CLOSED, E.CLOSE),  # bytes nobody asked for: the connection cannot be trusted
-    S.AWAIT_HEAD: (S.FAILED, E.FAIL),
-    S.BODY: (S.FAILED, E.FAIL),
-    S.BODY_TO_EOF: (S.FAILED, E.FAIL),
-    S.DONE: (S.MUST_CLOSE, E.CLOSE),  # the response was whole; only the connection is spoiled
-    S.MUST_CLOSE: (S.MUST_CLOSE, E.CLOSE),
-    S.FAILED: (S.FAILED, None),  # the first failure is the one reported
-    S.CLOSED: (S.CLOSED, None),
+    IDLE: (CLOSED, CLOSE),  # bytes nobody asked for: the connection cannot be trusted
+    AWAIT_HEAD: (FAILED, FAIL),
+    BODY: (FAILED, FAIL),
+    BODY_TO_EOF: (FAILED, FAIL),
+    DONE: (MUST_CLOSE, CLOSE),  # the response was whole; only the connection is spoiled
+    MUST_CLOSE: (MUST_CLOSE, CLOSE),
+    FAILED: (FAILED, None),  # the first failure is the one reported
+    CLOSED: (CLOSED, None),
 }
 
 
@@ -169,7 +182,7 @@ class ResponseCycle:
     def __init__(self, where: str) -> None:
         self.where = where  # "host:port", for our own messages
         self.parser = httptools.HttpResponseParser(self)
-        self.state = State.IDLE
+        self.state = IDLE
         self.events: list[Event] = []
         self.parts: list[bytes] = []  # body pieces of the read being parsed
         self._clear()
@@ -191,24 +204,24 @@ class ResponseCycle:
     @property
     def busy(self) -> bool:
         """A request owns the connection (until it is released)."""
-        return self.state is not State.IDLE and self.state is not State.CLOSED
+        return self.state is not IDLE and self.state is not CLOSED
 
     @property
     def waiting(self) -> bool:
         """Bytes are due from the upstream: the idle read timeout runs."""
         state = self.state
-        return state is State.AWAIT_HEAD or state is State.BODY or state is State.BODY_TO_EOF
+        return state is AWAIT_HEAD or state is BODY or state is BODY_TO_EOF
 
     @property
     def complete(self) -> bool:
         """The response was read to its end."""
-        return self.state is State.DONE or self.state is State.MUST_CLOSE
+        return self.state is DONE or self.state is MUST_CLOSE
 
     # --- inputs ------------------------------------------------------------------------------
 
     def _fire(self, what: Input, detail: str = "") -> None:
         state, event = transition(self.state, what)
-        if state is State.FAILED and self.state is not State.FAILED:
+        if state is FAILED and self.state is not FAILED:
             self.failure = self._failure(what, detail)
         self.state = state
         if event is not None:
@@ -216,29 +229,29 @@ class ResponseCycle:
 
     def _failure(self, what: Input, detail: str) -> BaseException:
         """What failing on `what` in the current state means to whoever waits on the response."""
-        if self.state is State.AWAIT_HEAD:
-            if what is Input.TIMEOUT:
+        if self.state is AWAIT_HEAD:
+            if what is TIMEOUT:
                 return UpstreamTimeout(f"upstream {self.where} sent no response headers within the idle read timeout")
-            if what is Input.EOF:
+            if what is EOF:
                 if self.reused and not self.head_bytes:
                     return Stale()
                 return UpstreamBroken("closed the connection before responding")
             return UpstreamBroken(detail or "sent an invalid HTTP response")  # the pool adds "upstream host:port"
-        if what is Input.TIMEOUT:
+        if what is TIMEOUT:
             return BodyFailure("timeout", detail)
-        if what is Input.EOF:
+        if what is EOF:
             return BodyFailure("stream_cut", "upstream closed the connection mid-body")
-        if what is Input.SINK_FAILED:
+        if what is SINK_FAILED:
             return BodyFailure("client_abort", "the body could not be relayed to the client")
         return BodyFailure("stream_cut", detail or "invalid response body framing")
 
     def start(self, *, head_only: bool, reused: bool) -> None:
         """The request was written."""
-        if self.state is not State.IDLE:
+        if self.state is not IDLE:
             raise RuntimeError(f"a request was started on a connection in state {self.state.name}")
         self.head_only = head_only
         self.reused = reused
-        self._fire(Input.SEND)
+        self._fire(SEND)
 
     def receive(self, data: bytes) -> bytes | None:
         """Parse one read; returns the body bytes in it (None: none, or discarded).
@@ -246,9 +259,9 @@ class ResponseCycle:
         A parse failure found after body bytes is held in `fault`: the caller relays the body
         first, then calls `settle()` (or `sink_failed()` if the relay failed, which wins)."""
         state = self.state
-        if state is not State.BODY and state is not State.BODY_TO_EOF:
-            if state is not State.AWAIT_HEAD:
-                self._fire(Input.STRAY)
+        if state is not BODY and state is not BODY_TO_EOF:
+            if state is not AWAIT_HEAD:
+                self._fire(STRAY)
                 return None
             self.head_bytes += len(data)
         fault: Exception | None = None
@@ -256,7 +269,7 @@ class ResponseCycle:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             fault = exc
-        if fault is None and self.state is State.AWAIT_HEAD and self.head_bytes > HEAD_LIMIT:
+        if fault is None and self.state is AWAIT_HEAD and self.head_bytes > HEAD_LIMIT:
             fault = _Broken(f"sent a response head over {HEAD_LIMIT} bytes")
         parts = self.parts
         if not parts:
@@ -283,18 +296,18 @@ class ResponseCycle:
     def _fail_parse(self, exc: Exception) -> None:
         cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
         if isinstance(cause, _Stray):
-            self._fire(Input.STRAY)
+            self._fire(STRAY)
         elif isinstance(cause, _Broken):
-            self._fire(Input.INVALID, cause.what)  # our own words for a limit or a rule
-        elif self.state is State.AWAIT_HEAD:
-            self._fire(Input.INVALID, "sent an invalid HTTP response")  # never the bytes themselves
+            self._fire(INVALID, cause.what)  # our own words for a limit or a rule
+        elif self.state is AWAIT_HEAD:
+            self._fire(INVALID, "sent an invalid HTTP response")  # never the bytes themselves
         else:
-            self._fire(Input.INVALID, f"invalid response body framing ({type(exc).__name__})")
+            self._fire(INVALID, f"invalid response body framing ({type(exc).__name__})")
 
     def sink_failed(self) -> None:
         """The relay could not take the body; this, not a parse failure of the same read, ends it."""
         self.fault = None
-        self._fire(Input.SINK_FAILED)
+        self._fire(SINK_FAILED)
 
     def discard(self, budget: int) -> None:
         """From now on the body is counted and dropped, not returned; past `budget` bytes the
@@ -305,17 +318,17 @@ class ResponseCycle:
 
     def timed_out(self, seconds: float) -> None:
         """Nothing arrived for `seconds` while bytes were due."""
-        self._fire(Input.TIMEOUT, f"upstream sent nothing for {seconds:g}s mid-body")
+        self._fire(TIMEOUT, f"upstream sent nothing for {seconds:g}s mid-body")
 
     def closed(self) -> None:
         """The connection closed (either side)."""
-        self._fire(Input.EOF)
+        self._fire(EOF)
 
     def release(self) -> bool:
         """The caller is done with the response. True: the connection may carry another request;
         False: the caller closes it."""
-        self._fire(Input.RELEASE)
-        if self.state is not State.IDLE:
+        self._fire(RELEASE)
+        if self.state is not IDLE:
             return False
         self._clear()
         return True
@@ -323,14 +336,14 @@ class ResponseCycle:
     # --- httptools callbacks (inside `receive`) -----------------------------------------------
 
     def on_message_begin(self) -> None:
-        if self.state is not State.AWAIT_HEAD:
+        if self.state is not AWAIT_HEAD:
             raise _Stray  # a second response to one request: stop parsing it
 
     def on_status(self, status: bytes) -> None:
         self.reason += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.state is not State.AWAIT_HEAD:
+        if self.state is not AWAIT_HEAD:
             return  # chunked trailers: not relayed (the client's framing is the proxy's own)
         if len(name) + len(value) > FIELD_LIMIT:
             raise _Broken(f"sent a header line over {FIELD_LIMIT} bytes")
@@ -346,17 +359,17 @@ class ResponseCycle:
             if status == 101:
                 raise _Broken("switched protocols, which the proxy does not relay")
             self.reason, self.headers, self.framed = b"", [], False
-            self._fire(Input.INTERIM)
+            self._fire(INTERIM)
             return
         self.status = status
-        self._fire(Input.HEAD if self.framed else Input.HEAD_TO_EOF)
+        self._fire(HEAD if self.framed else HEAD_TO_EOF)
         if self.head_only:
-            self._fire(Input.END_CLOSE)
+            self._fire(END_CLOSE)
 
     def on_body(self, body: bytes) -> None:
-        if self.state is State.MUST_CLOSE:
+        if self.state is MUST_CLOSE:
             raise _Stray  # the answer to HEAD ended with its head; llhttp reads the body it announced
         self.parts.append(body)
 
     def on_message_complete(self) -> None:
-        self._fire(Input.END if self.parser.should_keep_alive() else Input.END_CLOSE)
+        self._fire(END if self.parser.should_keep_alive() else END_CLOSE)
