@@ -1,4 +1,4 @@
-"""The upstream HTTP/1.1 client (`proxy/upstream.py`) against scripted raw-socket servers.
+"""The upstream HTTP/1.1 client (`proxy/upstream/`) against scripted raw-socket servers.
 
 Each server is a real asyncio server on port 0 that answers with exact bytes, so framing edge
 cases (HEAD, 1xx, EOF-delimited bodies, cuts, garbage, stale keep-alive connections) are what
@@ -8,6 +8,7 @@ the wire says, not what a framework would produce.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -199,22 +200,25 @@ async def test_bad_chunk_framing_mid_body_is_a_stream_cut() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer",
+    "answer,said",
     [
-        b"SSH-2.0-OpenSSH_9.2\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nok",
-        b"HTTP/1.1 200 OK\r\nX-Secret: sk-live-abcdef\r\nBad Header\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
-        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "sent an invalid HTTP response"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nok", "sent an invalid HTTP response"),
+        (b"HTTP/1.1 200 OK\r\nX-Secret: sk-live-abcdef\r\nBad Header\r\n\r\n", "sent an invalid HTTP response"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", "sent a (header line|response head) over"),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            "switched protocols, which the proxy does not relay",
+        ),
     ],
     ids=["not-http", "two-lengths", "bad-header", "huge-head", "upgrade"],
 )
-async def test_an_invalid_response_head_is_502_with_our_own_words(answer: bytes) -> None:
+async def test_an_invalid_response_head_is_502_with_our_own_words(answer: bytes, said: str) -> None:
     async with Raw(answer_each(answer)) as srv, pool_for(srv.port) as pool:
         with pytest.raises(UpstreamBroken) as info:
             await fetch(pool)
     message = info.value.message
-    assert message.startswith(f"upstream 127.0.0.1:{srv.port} ")
+    assert re.fullmatch(f"upstream 127.0.0.1:{srv.port} {said}.*", message)
     assert "sk-live" not in message and "SSH" not in message
 
 
