@@ -89,18 +89,25 @@ _value = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789
 
 
 @st.composite
-def responses(draw: st.DrawFn) -> Wire:
+def responses(draw: st.DrawFn, keep: bool | None = None) -> Wire:
     """Valid HTTP/1.x responses: interim heads, Content-Length, chunked (extensions, trailers),
-    bodies to EOF, bodiless statuses, HTTP/1.0, `Connection: close`, answers to HEAD."""
-    head_only = draw(st.booleans()) and draw(st.booleans())
-    version = draw(st.sampled_from(["1.1", "1.1", "1.0"]))
+    bodies to EOF, bodiless statuses, HTTP/1.0, `Connection: close`, answers to HEAD. `keep`:
+    only responses after which the connection may (True) or may not (False) be reused, whose
+    end is in their bytes."""
+    head_only = keep is not True and draw(st.booleans()) and draw(st.booleans())
+    version = "1.1" if keep else draw(st.sampled_from(["1.1", "1.1", "1.0"]))
     bodiless = not head_only and draw(st.integers(0, 5)) == 0
     status = draw(st.sampled_from([204, 304])) if bodiless else draw(st.sampled_from([200, 201, 400, 404, 429, 500]))
     if head_only or bodiless:
         framing = "length" if head_only else "none"
+    elif keep is not None:
+        framing = draw(st.sampled_from(["length", "chunked"] if version == "1.1" else ["length"]))
     else:
         framing = draw(st.sampled_from(["length", "chunked", "eof"] if version == "1.1" else ["length", "eof"]))
-    close = version == "1.0" or framing == "eof" or draw(st.integers(0, 3)) == 0
+    if keep is None:
+        close = version == "1.0" or framing == "eof" or draw(st.integers(0, 3)) == 0
+    else:
+        close = not keep
     body = b"" if head_only or bodiless else draw(st.binary(max_size=300))
     headers = [(draw(_token), draw(_value)) for _ in range(draw(st.integers(0, 4)))]
     if version == "1.1" and close and draw(st.booleans()):
@@ -281,7 +288,7 @@ def test_any_bytes_at_all_end_in_a_final_state_with_our_own_words(data: st.DataO
 @PROPS
 @given(st.data())
 def test_keep_alive_carries_the_next_response_and_close_does_not(data: st.DataObject) -> None:
-    wires = data.draw(st.lists(responses().filter(lambda w: w.keep_alive), min_size=1, max_size=4))
+    wires = data.draw(st.lists(responses(keep=True), min_size=1, max_size=4))
     d = Driver()
     for n, wire in enumerate(wires):
         if n:
@@ -289,7 +296,7 @@ def test_keep_alive_carries_the_next_response_and_close_does_not(data: st.DataOb
         d.feed(data.draw(reads(wire.data)))
         assert (bytes(d.body), d.events, d.cycle.state) == (wire.body, [Event.HEAD_READY, Event.BODY_ENDED], State.DONE)
         assert d.cycle.release() is True
-    last = data.draw(responses().filter(lambda w: not w.keep_alive and w.end is not None))
+    last = data.draw(responses(keep=False))
     d.start(head_only=last.head_only, reused=True)
     d.feed(data.draw(reads(last.data)))
     assert d.cycle.state is State.MUST_CLOSE and d.cycle.release() is False
@@ -311,7 +318,7 @@ def test_bytes_after_the_end_spoil_the_connection_but_not_the_response(data: st.
 @PROPS
 @given(st.data())
 def test_discarding_the_rest_keeps_the_connection_only_within_the_budget(data: st.DataObject) -> None:
-    wire = data.draw(responses().filter(lambda w: w.keep_alive and w.head_end < len(w.data)))
+    wire = data.draw(responses(keep=True).filter(lambda w: w.head_end < len(w.data)))
     at = data.draw(st.integers(wire.head_end, len(wire.data) - 1))  # somewhere in the body
     budget = data.draw(st.integers(0, 400))
     d = Driver()
