@@ -306,7 +306,7 @@ def test_keep_alive_carries_the_next_response_and_close_does_not(data: st.DataOb
 @given(st.data())
 def test_bytes_after_the_end_spoil_the_connection_but_not_the_response(data: st.DataObject) -> None:
     wire = data.draw(responses().filter(lambda w: w.end is not None))  # HEAD's too: its body is not read
-    extra = data.draw(st.binary(min_size=1, max_size=60))
+    extra = data.draw(st.binary(min_size=1, max_size=60).filter(lambda b: b.strip(b"\r\n")))  # llhttp skips blank lines
     together = data.draw(st.booleans())
     d = Driver(head_only=wire.head_only)
     d.feed([wire.data + extra] if together else [*data.draw(reads(wire.data)), extra])
