@@ -1,6 +1,6 @@
 """Which forward proxy (if any) the upstream is reached through: `HTTPS_PROXY`, `HTTP_PROXY`,
 `NO_PROXY`, read as curl, requests and aiohttp's `trust_env` read them. Pure: environment in,
-a `ForwardProxy` (or None) out; `proxy/upstream.py` does the connecting.
+a `ForwardProxy` (or None) out; `proxy/upstream/` does the connecting.
 
 - An `https://` upstream uses `https_proxy`, else `HTTPS_PROXY`; an `http://` one `http_proxy`,
   else `HTTP_PROXY` (the lower-case name wins when both are set, as in Python's urllib and

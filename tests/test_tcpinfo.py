@@ -79,7 +79,7 @@ def test_read_a_real_loopback_connection() -> None:
 @linux_only
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_read_through_a_transports_socket_leaves_the_connection_working(loop: str) -> None:
-    # What upstream.py reads: the transport's stand-in for its socket (uvloop's PseudoSocket,
+    # What proxy/upstream/ reads: the transport's stand-in for its socket (uvloop's PseudoSocket,
     # asyncio's TransportSocket). Read many times, the descriptor stays open and usable.
     async def main() -> None:
         async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

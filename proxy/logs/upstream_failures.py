@@ -76,7 +76,7 @@ def head_cause(error: ProxyError) -> str:
         if found is not None:
             return found
     # No OS error behind it: the upstream answered badly, or said nothing. Our own messages
-    # (proxy/upstream.py) tell the forward proxy's answers and a failed lookup apart.
+    # (proxy/upstream/) tell the forward proxy's answers and a failed lookup apart.
     message = error.message
     if isinstance(error, UpstreamTimeout):
         return "no response headers within the read timeout"
