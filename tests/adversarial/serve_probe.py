@@ -26,13 +26,13 @@ def _rss() -> int:
 
 
 async def _sample(lags: list[tuple[float, float]], rss: list[tuple[float, int]]) -> None:
-    loop = asyncio.get_running_loop()
     next_rss = 0.0
     while True:
-        t = loop.time()
+        # perf_counter, not loop.time(): uvloop's clock counts whole milliseconds.
+        t = time.perf_counter()
         await asyncio.sleep(TICK)
         now = time.time()
-        lags.append((now, loop.time() - t - TICK))
+        lags.append((now, time.perf_counter() - t - TICK))
         if now >= next_rss:
             rss.append((now, _rss()))
             next_rss = now + 0.25

@@ -235,7 +235,11 @@ async def test_keepalive_race_500_sequential_requests(tracer_provider) -> None:
     assert failures == []
 
 
-async def test_150_concurrent_long_streams_all_start_within_1s(start_proxy) -> None:
+@TIMING_BARS
+async def test_150_concurrent_long_streams_all_start_within_1s(start_proxy, strict: bool) -> None:
+    """No stream waits for another to end (a connection cap of 100 would hold the 101st back
+    until one of the first ended, ~10 s on): every first byte comes before any stream's end,
+    however loaded the machine; within 1 s of the start on a quiet one."""
     frames = chat_stream(20)  # 23 frames, 0.45 s apart: about 10 s per stream
     # The upstream needs an accept queue deeper than 150, or its SYN drops cost 1 s retransmits.
     async with Upstream(stream_handler(frames, gap=0.45)) as up, start_proxy(upstream=up.url) as p:
@@ -243,17 +247,22 @@ async def test_150_concurrent_long_streams_all_start_within_1s(start_proxy) -> N
         async with aiohttp.ClientSession(connector=conn) as session:
             t0 = time.perf_counter()
             started: list[float] = []
+            ended: list[float] = []
 
             async def one() -> bytes:
                 async with session.post(p.url + CHAT, data=BODY) as resp:
                     first = await resp.content.readany()
                     started.append(time.perf_counter() - t0)
-                    return first + await resp.read()
+                    body = first + await resp.read()
+                    ended.append(time.perf_counter() - t0)
+                    return body
 
             bodies = await asyncio.gather(*(one() for _ in range(150)))
     assert len(started) == 150
     print(f"\n150 streams: last first-byte at {max(started) * 1000:.0f} ms")
-    assert max(started) < 1.0, max(started)
+    assert max(started) < min(ended), (max(started), min(ended))
+    if strict:
+        assert max(started) < 1.0, max(started)
     assert all(b == b"".join(frames) for b in bodies)
     assert all(r.error_type == "" for r in p.records)
 
