@@ -15,17 +15,24 @@
 
 Messages are written here, never copied from exceptions: those can carry URLs with query
 strings and, in `repr()`, request headers.
+
+`ErrorType` is the whole `error_type` vocabulary (metric label, span `error.type`); "" means
+success. docs/errors.md documents each word (a test compares its table with `ERROR_TYPES`).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar, Final, Literal, get_args
 
 import orjson
 from aiohttp import web
 
 __all__ = [
+    "ERROR_TYPES",
     "BadTarget",
     "BodyFailure",
     "BodyTooLarge",
+    "ErrorType",
     "HeadersTooLarge",
     "MalformedRequest",
     "ProxyError",
@@ -35,12 +42,30 @@ __all__ = [
     "error_type_for_status",
 ]
 
+ErrorType = Literal[
+    "auth",  # upstream 401/403
+    "bad_request",  # upstream 400/422 and other 4xx; a target the proxy will not forward
+    "not_found",  # upstream 404 that is not about a model
+    "model_not_found",  # upstream 404 naming the model
+    "rate_limited",  # upstream 429
+    "request_too_large",  # 413 (the proxy's body limit or the upstream's)
+    "upstream_error",  # upstream 5xx, or a response that is not valid HTTP
+    "connect",  # could not connect upstream (refused, DNS, TLS): 502
+    "timeout",  # connect timeout, or the upstream went silent past the idle timeout: 504
+    "stream_cut",  # the upstream closed the connection mid-body
+    "stream_error",  # an error event inside a 200 stream
+    "client_abort",  # the client went away before the end
+    "shutdown",  # still running when the drain deadline passed
+    "internal_error",  # a failure of the proxy's own code while relaying (logged with its traceback)
+]
+ERROR_TYPES: Final[tuple[ErrorType, ...]] = get_args(ErrorType)
+
 
 class ProxyError(Exception):
     """A request the proxy answers itself."""
 
-    status = 502
-    error_type = "upstream_error"
+    status: ClassVar[int] = 502
+    error_type: ClassVar[ErrorType] = "upstream_error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -90,12 +115,12 @@ class MalformedRequest(ProxyError):
 class BodyFailure(Exception):
     """The response body could not be read or relayed to its end; `error_type` is the metrics label."""
 
-    def __init__(self, error_type: str, message: str) -> None:
+    def __init__(self, error_type: ErrorType, message: str) -> None:
         super().__init__(message)
-        self.error_type = error_type
+        self.error_type: ErrorType = error_type
 
 
-def error_type_for_status(status: int, body_head: bytes = b"") -> str:
+def error_type_for_status(status: int, body_head: bytes = b"") -> ErrorType | Literal[""]:
     """The `error_type` of an upstream answer; "" for success. `body_head`: its first bytes."""
     if status < 400:
         return ""

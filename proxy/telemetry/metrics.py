@@ -18,6 +18,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from proxy.errors import ERROR_TYPES
 from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry, ValueChild
 from proxy.timing import RequestRecord
 
@@ -45,22 +46,7 @@ BUCKETS_OVERHEAD = (
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 )  # fmt: skip
 
-# The whole `error_type` vocabulary; "" means success. Documented in docs/errors.md.
-ERROR_TYPES = (
-    "auth",  # upstream 401/403
-    "bad_request",  # upstream 400/422 and other 4xx
-    "not_found",  # upstream 404 that is not about a model
-    "model_not_found",  # upstream 404 naming the model
-    "rate_limited",  # upstream 429
-    "request_too_large",  # 413 (the proxy's body limit or the upstream's)
-    "upstream_error",  # upstream 5xx, or a response that is not valid HTTP
-    "connect",  # could not connect upstream (refused, DNS, TLS): 502
-    "timeout",  # connect timeout, or the upstream went silent past the idle timeout: 504
-    "stream_cut",  # the upstream closed the connection mid-body
-    "stream_error",  # an error event inside a 200 stream
-    "client_abort",  # the client went away before the end
-    "shutdown",  # still running when the drain deadline passed
-)
+# ERROR_TYPES (re-exported): the whole `error_type` vocabulary, as proxy/errors.py defines it.
 
 UNKNOWN_MODEL = "unknown"
 OTHER_MODEL = "other"
