@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "PhaseClock": "proxy.timing",
     "RequestInfo": "proxy.dialects",
-    "RequestRecord": "proxy.timing",
+    "RequestRecord": "proxy.record",
     "RequestTiming": "proxy.timing",
     "Running": "proxy.serve",
     "SSEDecoder": "proxy.sse",
@@ -32,13 +32,13 @@ if TYPE_CHECKING:
     from proxy.dialects import RequestInfo as RequestInfo
     from proxy.dialects import Usage as Usage
     from proxy.dialects import api_for_path as api_for_path
+    from proxy.record import RequestRecord as RequestRecord
     from proxy.serve import Running as Running
     from proxy.serve import running as running
     from proxy.settings import Settings as Settings
     from proxy.sse import SSEDecoder as SSEDecoder
     from proxy.sse import SSEEvent as SSEEvent
     from proxy.timing import PhaseClock as PhaseClock
-    from proxy.timing import RequestRecord as RequestRecord
     from proxy.timing import RequestTiming as RequestTiming
 
 

@@ -27,8 +27,10 @@ from proxy.inflight import InFlightRequests
 from proxy.logs.ratelimited import RateLimitedLog, flushing
 from proxy.logs.upstream_failures import UpstreamFailures
 from proxy.mirror import MirrorPolicy
+from proxy.record import RequestRecord
 from proxy.routes import Route, Router, routes_for
 from proxy.settings import Settings, upstream_url
+from proxy.sinks import Named
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry
@@ -99,7 +101,7 @@ def create_proxy_app(
     telemetry: Telemetry,
     metrics: Recorder,
     state: ServerState,
-    observers: Sequence[Observer] = (),
+    observers: Sequence[Observer | Named[RequestRecord]] = (),
     accounting: Accounting | None = None,
     mirror_dropped: Callable[[str], None] = lambda reason: None,
     environ: Mapping[str, str] = os.environ,
@@ -143,6 +145,7 @@ def create_proxy_app(
         prices=accounting.prices if accounting is not None else None,
         running=state.requests if settings.ui else None,  # without the view, not even a set add
         failures=UpstreamFailures(warnings, environ),
+        warnings=warnings,
         mirror=mirror_for(settings, upstreams, environ),
         mirror_dropped=mirror_dropped,
         dialects=dialects,

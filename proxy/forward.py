@@ -16,7 +16,6 @@ reads the rest of the body in the background to go back to the pool (`discard_re
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,17 +29,22 @@ from proxy.accounting.attribution import Attributor
 from proxy.accounting.prices import Cost, PriceTable, cost_of
 from proxy.accounting.ratelimits import read_rate_limits
 from proxy.dialects import DIALECTS, Dialect, Dialects, RequestInfo, StreamReader, Usage, is_chunk, request_info
-from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ProxyError, error_type_for_status
+from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ErrorType, ProxyError
 from proxy.headers import request_headers, response_headers
 from proxy.inflight import InFlight, InFlightRequests
+from proxy.logs.ratelimited import RateLimitedLog
+from proxy.logs.stack import stack_of
 from proxy.logs.upstream_failures import UpstreamFailures
 from proxy.mirror import MirrorPolicy, mirror_headers, new_pair_id
+from proxy.outcome import End, Facts, Outcome, decide
+from proxy.record import RequestRecord, Traced, usage_of
 from proxy.routes import Route, Router
+from proxy.sinks import Named, Sinks
 from proxy.sse import SSEDecoder
 from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry
-from proxy.timing import PhaseClock, RequestRecord
+from proxy.timing import PhaseClock
 from proxy.upstream import UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder", "Upstream"]
@@ -49,6 +53,8 @@ log = logging.getLogger("taotrace")
 
 Clock = Callable[[], float]
 Observer = Callable[[RequestRecord], None]
+
+_UNTRACED = Traced()
 
 MAX_BODY_COPY = 4 << 20  # a non-streaming body is kept (for its usage) up to this size
 MAX_ERROR_COPY = 64 << 10
@@ -99,7 +105,7 @@ class _Relay:
     """
 
     __slots__ = (
-        "cap", "chunked", "clock", "copy", "decoder", "lost", "phase", "reader", "relayed", "t_written",
+        "cap", "chunked", "clock", "copy", "decoder", "failure", "lost", "phase", "reader", "relayed", "t_written",
         "tcp_first", "tcp_probe", "transport",
     )  # fmt: skip
 
@@ -125,16 +131,17 @@ class _Relay:
         self.cap = cap
         self.t_written: float | None = None  # when the last read was written to the client
         self.lost = False  # a read came after the client left, unwritten
+        self.failure: Exception | None = None  # our own code failed on a read (a bug, not the client)
         self.relayed = phase.relay
         self.tcp_probe = tcp_probe  # reads TCP_INFO once, at the first token
         self.tcp_first: TcpInfo | None = None
 
     @property
-    def stream_error(self) -> str:
-        """The error the stream itself reported mid-way (a chat `{"error": ...}` chunk, an
-        `event: error`), "" if none: a client leaving after it is not an abort."""
+    def stream_error(self) -> bool:
+        """The stream itself reported an error (a chat `{"error": ...}` chunk, an `event: error`,
+        `response.failed`): a client leaving after it is not an abort."""
         reader = self.reader
-        return (reader.error_type or "") if reader is not None else ""
+        return reader is not None and bool(reader.error_type)
 
     @property
     def done(self) -> bool:
@@ -143,49 +150,67 @@ class _Relay:
         return reader is not None and reader.done
 
     def __call__(self, chunk: bytes) -> bool:
-        t = self.clock()
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            if self.done:
-                return False  # gone after the end: what follows is dropped until discard_rest takes over
-            self.lost = True
-            raise _ClientGone
-        if not self.chunked:
-            transport.write(chunk)
-        elif len(chunk) < 16384:
-            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))  # one small copy, one send
-        else:
-            transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
-        self.t_written = t
-        self.relayed.append(self.clock() - t)  # the proxy's relay cost for this read
-        phase = self.phase
-        if phase.t_first_byte is None:
-            phase.body_bytes(t)
-        reader = self.reader
-        if reader is not None:
+        try:
+            t = self.clock()
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                if self.done:
+                    return False  # gone after the end: what follows is dropped until discard_rest takes over
+                self.lost = True
+                raise _ClientGone
+            if not self.chunked:
+                transport.write(chunk)
+            elif len(chunk) < 16384:
+                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))  # one small copy, one send
+            else:
+                transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+            self.t_written = t
+            self.relayed.append(self.clock() - t)  # the proxy's relay cost for this read
+            phase = self.phase
+            if phase.t_first_byte is None:
+                phase.body_bytes(t)
+            reader = self.reader
+            if reader is not None:
+                try:
+                    for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
+                        if is_chunk(event):
+                            phase.chunk(t)
+                        if reader.feed(event):
+                            phase.token(t)
+                except Exception:  # parsing is best effort, forwarding is not
+                    log.debug("stream parse failed; timing for this request is partial", exc_info=True)
+                    self.reader = None
+                if self.tcp_probe is not None and phase.t_first is not None:
+                    self.tcp_first = self.tcp_probe()  # once per request, after the bytes went out
+                    self.tcp_probe = None
+            elif self.copy is not None and len(self.copy) < self.cap:
+                self.copy += chunk
+            return transport.get_write_buffer_size() > HIGH_WATER
+        except _ClientGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - our own code failed: logged, and the request is internal_error
+            self._failed(exc)
+            return False
+
+    def _failed(self, exc: Exception) -> None:
+        """Our own code failed on a read (a bug, never the client's doing): log it, and cut the
+        client's connection as when it leaves; the next read then stops the upstream's."""
+        log.error("internal error while relaying a response; its connection is closed:\n%s", stack_of(exc))
+        self.failure = exc
+        transport, self.transport = self.transport, None
+        if transport is not None:
             try:
-                for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
-                    if is_chunk(event):
-                        phase.chunk(t)
-                    if reader.feed(event):
-                        phase.token(t)
-            except Exception:  # parsing is best effort, forwarding is not
-                log.debug("stream parse failed; timing for this request is partial", exc_info=True)
-                self.reader = None
-            if self.tcp_probe is not None and phase.t_first is not None:
-                self.tcp_first = self.tcp_probe()  # once per request, after the bytes went out
-                self.tcp_probe = None
-        elif self.copy is not None and len(self.copy) < self.cap:
-            self.copy += chunk
-        return transport.get_write_buffer_size() > HIGH_WATER
+                transport.close()  # what was written is flushed, then FIN: no terminating chunk
+            except Exception:  # noqa: BLE001 - a transport that cannot close (a mirror's) is dropped anyway
+                pass
 
 
 class _Exchange:
     """One request through the proxy, as its handler learns about it; `_finish` records it."""
 
     __slots__ = (
-        "client_headers", "dialect", "error_type", "info", "method", "mirror", "pair_id", "path", "phase", "relay", "route", "span",
-        "status", "t_end", "tcp_end", "upstream",
+        "client_headers", "dialect", "end", "head_sent", "info", "method", "mirror", "pair_id", "path", "phase", "refused",
+        "relay", "route", "span", "status", "tcp_end", "upstream",
     )  # fmt: skip
 
     def __init__(
@@ -210,8 +235,9 @@ class _Exchange:
         self.span = span
         self.client_headers = client_headers
         self.status = 502  # what the client got; 502 until the upstream answered
-        self.error_type = ""
-        self.t_end: float | None = None  # when the answer ended, if not at `_finish` (None: then)
+        self.refused: ErrorType | None = None  # the proxy answered itself (`status`), with this word
+        self.end: End = "complete"  # how it ended (see proxy/outcome.py)
+        self.head_sent = False  # the response head went to the client
         self.upstream: UpstreamResponse | None = None
         self.relay: _Relay | None = None
         self.tcp_end: TcpInfo | None = None  # the upstream connection's TCP_INFO as the request ended
@@ -252,17 +278,21 @@ class _Exchange:
             gaps=phase.gaps() if gaps else (),
         )
 
-    def cancelled(self, *, draining: bool) -> None:
-        """The handler was cancelled: the client left, or the drain deadline passed."""
-        relay, upstream = self.relay, self.upstream
-        if relay is not None and upstream is not None and (relay.done or (upstream.complete and not relay.lost)):
-            self.t_end = relay.t_written  # the client left with the whole answer: a clean end
-        elif relay is not None and relay.stream_error:
-            # The stream reported its own error and the client (e.g. the OpenAI SDK, which raises
-            # on an error chunk) left on it: the upstream failed the request, the client did not.
-            self.error_type, self.t_end = relay.stream_error, relay.t_written
-        else:
-            self.error_type = "shutdown" if draining else "client_abort"
+    def facts(self) -> Facts:
+        """What this exchange saw, for `decide`. Before `release_upstream`: a pooled connection
+        no longer knows that it was read to its end."""
+        relay, upstream, status = self.relay, self.upstream, self.status
+        if relay is None:
+            return Facts(status=status, refused=self.refused, end=self.end)
+        copy = relay.copy
+        return Facts(
+            status=status,
+            refused=self.refused,
+            end="internal" if relay.failure is not None else self.end,  # then the client's leaving is our doing
+            whole=relay.done or (upstream is not None and upstream.complete and not relay.lost),
+            stream_error=relay.stream_error,
+            error_head=bytes(copy[:4096]) if copy is not None and status >= 400 else b"",
+        )
 
     def release_upstream(self) -> None:
         """The connection back to the pool after a full read; the rest read in the background when
@@ -300,6 +330,20 @@ def _cut_client(request: web.BaseRequest) -> None:
         transport.close()  # flushes what was written, then FIN; write_eof then fails quietly
 
 
+def _ended_by(relay: _Relay, exc: Exception) -> End:
+    """How a relay that raised `exc` ended. The upstream connection wraps what the relay's sink
+    raises; the relay itself knows whether that was the client leaving or our own code failing."""
+    if relay.failure is not None:
+        return "internal"  # logged by the relay as it failed
+    if relay.lost:
+        return "client_left"
+    if isinstance(exc, BodyFailure):
+        return "timeout" if exc.error_type == "timeout" else "stream_cut"
+    # Our own code failed outside the sink (the upstream client's): a bug, never the client's doing.
+    log.error("internal error while relaying a response; its connection is closed:\n%s", stack_of(exc))
+    return "internal"
+
+
 class Forwarder:
     """The aiohttp handler for every path of the proxy port."""
 
@@ -311,7 +355,7 @@ class Forwarder:
         *,
         max_body_bytes: int,
         capture_content: bool = False,
-        observers: Sequence[Observer] = (),
+        observers: Sequence[Observer | Named[RequestRecord]] = (),
         is_draining: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
         server_timing: bool = False,
@@ -323,6 +367,7 @@ class Forwarder:
         mirror: tuple[MirrorPolicy, Upstream] | None = None,
         mirror_dropped: Callable[[str], None] = lambda reason: None,
         dialects: Dialects = DIALECTS,
+        warnings: RateLimitedLog | None = None,
     ) -> None:
         """`mirror`: the policy and the upstream that copies go to (`proxy/mirror.py`);
         `mirror_dropped(reason)` counts a copy refused by a cap."""
@@ -332,7 +377,17 @@ class Forwarder:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.capture_content = capture_content
-        self.observers = tuple(observers)
+        # Each finished record goes to the metrics (a worker: its shipper), the span, then the
+        # observers, each in its own guard; `warnings` logs a failing sink (rate-limited).
+        self.sinks: Sinks[RequestRecord] = Sinks(
+            [
+                Named(metrics.sink_name, metrics.record),
+                *(o if isinstance(o, Named) else Named("observer", o) for o in observers),
+            ],
+            metrics.sink_errors,
+            warnings if warnings is not None else RateLimitedLog(log),
+            more=("spans", "record"),
+        )
         self.is_draining = is_draining
         self.clock = clock
         self.server_timing = server_timing
@@ -387,18 +442,24 @@ class Forwarder:
             running.add(x)
         try:
             return await self._forward(request, x, up.pool, target, body)
-        except asyncio.CancelledError:
-            x.cancelled(draining=self.is_draining())
+        except asyncio.CancelledError:  # the client left, or the drain deadline passed
+            x.end = "drained" if self.is_draining() else "client_left"
+            raise
+        except ConnectionError:  # writing to a client that had gone
+            x.end = "client_left"
+            raise
+        except Exception:  # a failure of our own: aiohttp logs it, and answers 500 if it still can
+            x.end = "internal"
+            if not x.head_sent:
+                x.status = 500
             raise
         finally:
+            facts = x.facts()
             x.release_upstream()
             gauge.dec()
             if running is not None:
                 running.discard(x)
-            try:
-                self._finish(x)
-            except Exception:  # telemetry must never break a request
-                log.exception("telemetry failed for one request")
+            self._finish(x, facts)
 
     async def _forward(
         self, request: web.BaseRequest, x: _Exchange, pool: UpstreamPool, target: str, body: bytes
@@ -409,7 +470,7 @@ class Forwarder:
         try:
             upstream = await pool.request(x.method, x.route.base_path + target, headers.items(), body, x.phase)
         except ProxyError as error:  # our own 502/504, never bytes from the wire
-            x.status, x.error_type = error.status, error.error_type
+            x.status, x.refused = error.status, error.error_type
             log.debug("upstream request failed: %s", error.message)
             if self.failures is not None and not self.is_draining():  # draining: our own doing
                 self.failures.before_head(x.route, error)
@@ -422,6 +483,7 @@ class Forwarder:
             head.add("Server-Timing", server_timing(x.phase))  # beside the upstream's own, if any
         response = web.StreamResponse(status=x.status, reason=upstream.reason, headers=head)
         await response.prepare(request)
+        x.head_sent = True
         decoder, reader, copy = self._parsers(x.dialect, upstream, x.status)
         x.relay = _Relay(
             request.transport,
@@ -434,7 +496,7 @@ class Forwarder:
             MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY,
             upstream.tcp_info,
         )
-        x.error_type, x.t_end = await self._relay(upstream, request, response, x.relay, x.route)
+        x.end = await self._relay(upstream, request, response, x.relay, x.route)
         return response
 
     def _offer_mirror(self, x: _Exchange, request: web.BaseRequest, target: str, body: bytes) -> None:
@@ -490,18 +552,18 @@ class Forwarder:
             x.relay = _Relay(_Discard(), False, self.clock, x.phase, decoder, reader, copy, cap, upstream.tcp_info)
             await upstream.relay(x.relay, _never_paused)
         except ProxyError as error:
-            x.status, x.error_type = error.status, error.error_type
-        except BodyFailure as failure:
-            x.error_type = failure.error_type
+            x.status, x.refused = error.status, error.error_type
         except asyncio.CancelledError:
-            x.error_type = "shutdown"
+            x.end = "drained"
             raise
+        except Exception as exc:  # noqa: BLE001 - noted as how it ended (and logged when it is ours)
+            x.end = _ended_by(x.relay, exc) if x.relay is not None else "internal"
+            if x.relay is None:
+                log.error("internal error in a mirror copy:\n%s", stack_of(exc))
         finally:
+            facts = x.facts()
             x.release_upstream()
-            try:
-                self._finish(x)
-            except Exception:  # telemetry must never break a request
-                log.exception("telemetry failed for a mirror copy")
+            self._finish(x, facts)
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.max_body_bytes
@@ -537,9 +599,8 @@ class Forwarder:
         response: web.StreamResponse,
         relay: _Relay,
         route: Route,
-    ) -> tuple[str, float | None]:
-        """Relay the body to its end; returns the error type of a failed body ("" if none) and,
-        when the end came after the last byte written, that byte's time (None: now)."""
+    ) -> End:
+        """Relay the body to its end; returns how it ended."""
         transport = request.transport
 
         async def drained() -> None:
@@ -552,61 +613,59 @@ class Forwarder:
 
         try:
             await upstream.relay(relay, drained)
-        except BodyFailure as exc:
-            if exc.error_type == "client_abort":  # the sink raised: the client left before the end
+        except Exception as exc:  # noqa: BLE001 - noted as how it ended (and logged when it is ours)
+            end = _ended_by(relay, exc)
+            if end == "client_left" or end == "internal":
                 if transport is not None:
-                    transport.close()
-                if relay.stream_error:  # ... on the stream's own error (see _Exchange.cancelled)
-                    return relay.stream_error, relay.t_written
-                return "client_abort", None
-            _cut_client(request)  # transparent: the client sees the cut it would have seen upstream
-            if relay.done:
-                return "", relay.t_written  # ... but it already had the whole answer
-            if self.failures is not None:
-                self.failures.in_body(route, exc)
-            return exc.error_type, None
+                    transport.close()  # what was written is flushed, then FIN
+            else:
+                _cut_client(request)  # transparent: the client sees the cut it would have seen upstream
+                if not relay.done and self.failures is not None and isinstance(exc, BodyFailure):
+                    self.failures.in_body(route, exc)
+            return end
+        if relay.failure is not None:
+            return "internal"  # on the last read: the client's connection is already cut
         try:
             await response.write_eof()
         except ConnectionError:  # the client left after the whole body: nothing was lost
-            return "", relay.t_written
-        return "", None
+            return "client_left"
+        return "complete"
 
-    def _finish(self, x: _Exchange) -> None:
-        """The request's record, from what `x` saw: to the metrics, the spans and the observers."""
-        info, phase, status, error_type = x.info, x.phase, x.status, x.error_type
-        relay = x.relay
+    def _finish(self, x: _Exchange, facts: Facts) -> None:
+        """The request's outcome, decided once from what `x` saw; its record, to every sink."""
+        try:
+            outcome = decide(facts)
+            record, text = self._record(x, outcome)
+        except Exception as exc:  # noqa: BLE001 - counted and logged: telemetry never breaks a request
+            self.sinks.failed("record", exc)
+            return
+        try:
+            self.telemetry.finish(x.span, record, text)
+        except Exception as exc:  # noqa: BLE001 - counted and logged; the other sinks still run
+            self.sinks.failed("spans", exc)
+        self.sinks(record)
+
+    def _record(self, x: _Exchange, outcome: Outcome) -> tuple[RequestRecord, str | None]:
+        """The record of a finished exchange, and the output text (for its span, when captured)."""
+        info, phase, relay = x.info, x.phase, x.relay
         reader = relay.reader if relay is not None else None  # None if parsing gave up midway
         copy = relay.copy if relay is not None else None
-        t_end = x.t_end if x.t_end is not None else self.clock()
-        client_headers = x.client_headers
-        upstream_headers = x.upstream.headers if x.upstream is not None else ()
-        if copy is not None and not error_type:
-            if status >= 400:
-                error_type = error_type_for_status(status, bytes(copy[:4096]))
-            elif len(copy) < MAX_BODY_COPY and x.dialect is not None:
-                reader = x.dialect.read_body(bytes(copy), self.capture_content)
-        elif not error_type and status >= 400:
-            error_type = error_type_for_status(status)
-        if not error_type and reader is not None and reader.error_type:
-            error_type = reader.error_type
-        usage = reader.usage if reader is not None and reader.usage is not None else Usage()
-        streaming = info.stream or phase.tokens > 0
-        if usage.output_tokens is not None:
-            source = "reported"
-        elif streaming and reader is not None:
-            source = "counted"
-            usage = dataclasses.replace(usage, output_tokens=phase.tokens)
-        elif not streaming and reader is not None and reader.usage is not None:
-            source = "reported"  # a whole body's usage, e.g. embeddings (input tokens only)
-        else:
-            source = "none"
         last_byte = relay.t_written if relay is not None else None
+        t_end = last_byte if outcome.at_last_byte and last_byte is not None else self.clock()
+        if copy is not None and not outcome.error_type and len(copy) < MAX_BODY_COPY and x.dialect is not None:
+            reader = x.dialect.read_body(bytes(copy), self.capture_content)  # a whole (< 400) body
+        streaming = info.stream or phase.tokens > 0
+        usage, source = usage_of(reader, streaming, phase.tokens)
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming, last_byte=last_byte)
-        sampling = self.telemetry.decide(x.span, error_type, timing)
         response_model = reader.response_model if reader is not None else None
         text = reader.text if reader is not None else None
+        try:
+            traced = self.telemetry.conclude(x.span, outcome.error_type, timing, text)
+        except Exception as exc:  # noqa: BLE001 - counted and logged; the record still goes to the other sinks
+            self.sinks.failed("spans", exc)
+            traced = _UNTRACED
         record = RequestRecord(
-            trace_id=None if sampling == "dropped" else self.telemetry.trace_id(x.span),
+            trace_id=traced.trace_id,
             upstream=x.route.name,
             pair_id=x.pair_id,
             mirror=x.mirror,
@@ -617,28 +676,27 @@ class Forwarder:
             stream=streaming,
             method=x.method,
             path=x.path,
-            status_code=status,
-            error_type=error_type,
+            status_code=outcome.status,
+            error_type=outcome.error_type,
             timing=timing,
             usage=usage,
             usage_source=source,
             finish_reasons=tuple(reader.finish_reasons) if reader is not None else (),
             response_id=reader.response_id if reader is not None else None,
             provider=info.provider,
-            sampling=sampling,
-            attributes=self.attributor(client_headers, info.end_user) if self.attributor is not None else (),
-            rate_limits=read_rate_limits(upstream_headers, self._wall_time_of(phase.t_headers)),
+            sampling=traced.sampling,
+            attributes=self.attributor(x.client_headers, info.end_user) if self.attributor is not None else (),
+            rate_limits=read_rate_limits(
+                x.upstream.headers if x.upstream is not None else (), self._wall_time_of(phase.t_headers)
+            ),
             cost=self._cost(info.model, response_model, usage, source),
             tcp=x.tcp(),
-            span=self.telemetry.span_start(x.span, sampling, text) if self.telemetry.ship else None,
+            span=traced.span,
             input_content=info.content
             if info.content is not None and len(info.content) <= RING_CONTENT_LIMIT
             else None,
         )
-        self.metrics.record(record)
-        self.telemetry.finish(x.span, record, text)
-        for observe in self.observers:
-            observe(record)
+        return record, text
 
     def _wall_time_of(self, t: float | None) -> float:
         """Epoch seconds of monotonic time `t` (now when None): rate-limit resets count from the headers."""
@@ -672,6 +730,4 @@ class Forwarder:
             finish_reasons=(),
             response_id=None,
         )
-        self.metrics.record(record)
-        for observe in self.observers:
-            observe(record)
+        self.sinks(record)

@@ -32,8 +32,10 @@ from proxy.listen import CannotListen, bind
 from proxy.logs.origin import without_credentials
 from proxy.mirror import describe
 from proxy.protocol import GuardedAppRunner
+from proxy.record import RequestRecord
 from proxy.routes import default_route_conflict, routes_for
 from proxy.settings import Settings, parse_thresholds
+from proxy.sinks import Named
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
@@ -42,7 +44,6 @@ from proxy.telemetry.otlp_env import span_destination
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
-from proxy.timing import RequestRecord
 from proxy.ui import LiveView
 
 __all__ = ["Running", "Settings", "run", "running"]
@@ -214,13 +215,14 @@ async def _serving(
     metrics = metrics_for(settings, registry)
     sink: Recorder = metrics if recorder is None else recorder
     state = ServerState()
-    observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
+    # Named: a sink that fails is counted under its name in taotrace_sink_errors_total{sink}.
+    observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]
     if settings.access_log:
-        observers.append(AccessLog(logging.getLogger("taotrace.access")))
+        observers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))
     genai = None
     if meters is not None:
         genai = genai_metrics_for(settings, meters, metrics.models)
-        observers.append(genai)
+        observers.append(Named("genai_metrics", genai))
     live = None
     if settings.ui and not worker:  # a worker's records reach the supervisor's live view instead
         live = LiveView(
@@ -229,7 +231,7 @@ async def _serving(
             active=state.requests.ask,
             capture_content=settings.capture_content,
         )
-        observers.append(live.observe)
+        observers.append(Named("live_view", live.observe))
     proxy_runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
         create_proxy_app(
             settings,

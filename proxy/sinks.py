@@ -9,15 +9,15 @@ A sink's name is its label value: a fixed word per kind of sink (`metrics`, `spa
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from proxy.logs.ratelimited import RateLimitedLog
+from proxy.logs.stack import stack_of
 from proxy.telemetry.exposition import Counter, ValueChild
 
-__all__ = ["Named", "Sinks", "stack_of"]
+__all__ = ["Named", "Sinks"]
 
 R = TypeVar("R")
 
@@ -28,13 +28,6 @@ class Named(Generic[R]):
 
     name: str
     sink: Callable[[R], None]
-
-
-def stack_of(exc: BaseException) -> str:
-    """The exception's type and where it was raised, without its message: messages can quote
-    data (a prompt, a header) that must never reach a log."""
-    frames = "".join(traceback.format_tb(exc.__traceback__))
-    return f"{type(exc).__module__}.{type(exc).__qualname__} (message withheld)\n{frames}".rstrip()
 
 
 class Sinks(Generic[R]):
@@ -55,7 +48,7 @@ class Sinks(Generic[R]):
         for name, sink in self._sinks:
             try:
                 sink(record)
-            except Exception as exc:  # one sink never starves the next
+            except Exception as exc:  # noqa: BLE001 - counted and logged: one sink never starves the next
                 self.failed(name, exc)
 
     def failed(self, name: str, exc: BaseException) -> None:
@@ -67,5 +60,5 @@ class Sinks(Generic[R]):
                 count = self._counts[name] = self._errors.labels(name)
             count.inc()
             self._log.warning(f"the {name} sink failed on a request record: {stack_of(exc)}")
-        except Exception:  # reporting a failure must not become one
+        except Exception:  # noqa: BLE001 - reporting a failure must not become one
             pass

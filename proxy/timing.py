@@ -13,17 +13,13 @@ first chunk − t0; the chunk gaps feed `gen_ai.client.operation.time_per_output
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.dialects import Usage
-from proxy.tcpinfo import TcpStats
-
 if TYPE_CHECKING:
-    from proxy.accounting.prices import Cost
-    from proxy.accounting.ratelimits import RateLimits
+    pass
 
-__all__ = ["PhaseClock", "RequestRecord", "RequestTiming", "SpanContextValues", "SpanStart"]
+__all__ = ["PhaseClock", "RequestTiming", "SpanContextValues", "SpanStart"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,52 +73,6 @@ class SpanStart:
     output: str | None = None  # the output text, only with --capture-content
     offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
     links: tuple[SpanContextValues, ...] = ()  # `--parent link`: the caller's span
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestRecord:
-    """Everything known about one finished request; handed to metrics, spans and observers."""
-
-    trace_id: str | None  # 32 hex, when the request was traced
-    api: str
-    operation: str | None
-    model: str | None
-    response_model: str | None
-    stream: bool
-    method: str
-    path: str
-    status_code: int
-    error_type: str
-    timing: RequestTiming
-    usage: Usage
-    usage_source: str  # "reported" | "counted" | "none"
-    finish_reasons: tuple[str, ...]
-    response_id: str | None
-    provider: str | None = None  # gen_ai.provider.name
-    sampling: str = ""  # outcome sampling: "" (no decision), why the trace is kept, or "dropped"
-    # who sent it (attribution attributes, incl. taotrace.key.id), its rate-limit headers, its cost
-    attributes: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
-    rate_limits: RateLimits | None = field(default=None, kw_only=True)
-    cost: Cost | None = field(default=None, kw_only=True)
-    tcp: TcpStats | None = field(default=None, kw_only=True)  # the upstream connection's TCP_INFO (Linux)
-    span: SpanStart | None = field(default=None, kw_only=True)  # for the telemetry process to finish
-    upstream: str = field(default="", kw_only=True)  # the route's name ("" when no route matched)
-    # --mirror: the id both records of a pair share, and whether this is the mirror's copy
-    pair_id: str | None = field(default=None, kw_only=True)
-    mirror: bool = field(default=False, kw_only=True)
-    # The request's messages as JSON, only with --capture-content (None above RING_CONTENT_LIMIT):
-    # the live view shows it, and `taotrace compare --from-live` replays it.
-    input_content: str | None = field(default=None, kw_only=True)
-
-    @property
-    def server_wait(self) -> float | None:
-        """An estimate: prefill_wait minus one round trip (floored at 0), the provider's queue and
-        prefill as seen from outside. None without both."""
-        prefill = self.timing.prefill_wait
-        rtt = self.tcp.round_trip if self.tcp is not None else None
-        if prefill is None or rtt is None:
-            return None
-        return max(0.0, prefill - rtt)
 
 
 class PhaseClock:

@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
+from proxy.record import RequestRecord
 from proxy.serve import running
 from proxy.settings import Settings
-from proxy.timing import RequestRecord
 from tests import tiers
 from tests.fakes import FakeUpstream, Handler, json_handler
 from tests.forwardproxy import ForwardProxyServer

@@ -16,7 +16,8 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.dialects import Usage
-from proxy.timing import RequestRecord, RequestTiming
+from proxy.record import RequestRecord
+from proxy.timing import RequestTiming
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

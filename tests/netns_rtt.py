@@ -11,9 +11,9 @@ import aiohttp
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
+from proxy.record import RequestRecord
 from proxy.serve import running
 from proxy.settings import Settings
-from proxy.timing import RequestRecord
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
 SERVER_WAIT = 0.2

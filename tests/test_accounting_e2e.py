@@ -14,11 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.attribution import key_id
+from proxy.record import RequestRecord
 from proxy.serve import running
 from proxy.settings import Settings
 from proxy.sim import SimSettings
 from proxy.sim import running as sim_running
-from proxy.timing import RequestRecord
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "prices.example.toml"
 SALT = "e2e-salt-0123456789"

@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry
 
 import proxy.dialects
 from proxy.dialects import API_OTHER, DIALECTS, Dialect, Dialects
+from proxy.record import RequestRecord
 from proxy.serve import Running, running
 from proxy.settings import Settings
-from proxy.timing import RequestRecord
 from tests.fakes import FakeUpstream, chat_chunk, json_handler, named, sse, stream_handler
 from tests.toy_dialect import TOY
 

@@ -49,6 +49,7 @@ CONTRACT = {
     "taotrace_compare_tpot_difference_seconds": ("histogram", {"upstream", "mirror", "api", "model", "direction"}),
     "taotrace_mirror_requests": ("counter", {"upstream", "api", "error_type"}),
     "taotrace_mirror_dropped": ("counter", {"reason"}),
+    "taotrace_sink_errors": ("counter", {"sink"}),
 }
 BOTH_MODES = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # one process, and --workers 2
 
@@ -194,7 +195,7 @@ def test_error_types_are_the_documented_vocabulary() -> None:
     table = page.split("\n## ", 1)[0]
     documented = [w for w in re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.M) if w != "error_type"]
     assert sorted(documented) == sorted(ERROR_TYPES)
-    produced = {cls.error_type for cls in _subclasses(ProxyError)}
+    produced: set[str] = {cls.error_type for cls in _subclasses(ProxyError)}
     produced |= {error_type_for_status(s, b) for s in range(400, 600) for b in (b"", b"model")}
     assert produced <= set(ERROR_TYPES)
 

@@ -68,11 +68,12 @@ def test_the_root_attribute_bound_is_the_most_a_root_can_carry() -> None:
     from proxy.accounting.attribution import MAX_HEADER_ATTRIBUTES, Attributor, HeaderAttribute
     from proxy.accounting.prices import Cost
     from proxy.accounting.ratelimits import KINDS, read_rate_limits
+    from proxy.record import RequestRecord
     from proxy.routes import Route
     from proxy.tcpinfo import TcpStats
     from proxy.telemetry.sdk_internals import _MAX_ROOT_ATTRIBUTES
     from proxy.telemetry.spans import Telemetry
-    from proxy.timing import RequestRecord, RequestTiming
+    from proxy.timing import RequestTiming
 
     # Every request parameter any dialect reads, and a structured-output request.
     samples = {int: 2, float: 0.5, list: ["x"]}

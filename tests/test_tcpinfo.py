@@ -19,8 +19,9 @@ import pytest
 
 from proxy import tcpinfo
 from proxy.dialects import Usage
+from proxy.record import RequestRecord
 from proxy.tcpinfo import NEW_CONNECTION, TcpInfo, TcpStats, parse, request_stats
-from proxy.timing import PhaseClock, RequestRecord
+from proxy.timing import PhaseClock
 
 CAPTURED = (Path(__file__).parent / "data" / "tcp_info_linux-6.18_loopback.bin").read_bytes()
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO is read on Linux only")

@@ -35,8 +35,9 @@ from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy.dialects import RequestInfo, Usage
+from proxy.record import RequestRecord
 from proxy.telemetry.spans import Telemetry
-from proxy.timing import PhaseClock, RequestRecord
+from proxy.timing import PhaseClock
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"

@@ -6,12 +6,15 @@ import math
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 from proxy.dialects import Usage
+from proxy.errors import ErrorType
+from proxy.record import RequestRecord
 from proxy.tcpinfo import TcpStats
-from proxy.timing import PhaseClock, RequestRecord
+from proxy.timing import PhaseClock
 from proxy.ui.live import LiveView
 from proxy.ui.pairs import Pairs, differences
 from proxy.ui.render import detail, row
@@ -26,7 +29,7 @@ def record(
     ttft: float | None = 0.1,
     tokens: int = 5,
     gap: float = 0.01,
-    error_type: str = "",
+    error_type: ErrorType | Literal[""] = "",
     trace_id: str | None = "ab" * 16,
     network: float = 0.002,
 ) -> RequestRecord:

@@ -10,6 +10,16 @@ from __future__ import annotations
 from proxy.logs.limiter import LogLimiter, Repeats
 from proxy.logs.origin import origin, without_credentials
 from proxy.logs.ratelimited import RateLimitedLog, flushing
+from proxy.logs.stack import stack_of
 from proxy.logs.upstream_failures import UpstreamFailures
 
-__all__ = ["LogLimiter", "RateLimitedLog", "Repeats", "UpstreamFailures", "flushing", "origin", "without_credentials"]
+__all__ = [
+    "LogLimiter",
+    "RateLimitedLog",
+    "Repeats",
+    "UpstreamFailures",
+    "flushing",
+    "origin",
+    "stack_of",
+    "without_credentials",
+]

@@ -32,11 +32,11 @@ from opentelemetry.sdk.resources import Resource
 
 from proxy import __version__
 from proxy.dialects import Usage
+from proxy.record import RequestRecord
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
 from proxy.telemetry.otlp_env import otlp_target
 from proxy.telemetry.sdk_internals import BulkRecorder
 from proxy.telemetry.semconv import LATEST_METRICS, RELEASED_METRICS, Conventions, MetricNames
-from proxy.timing import RequestRecord
 
 __all__ = [
     "BUCKETS_SPEC_SECONDS",

@@ -19,8 +19,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from proxy.errors import ERROR_TYPES
+from proxy.record import RequestRecord
 from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry, ValueChild
-from proxy.timing import RequestRecord
 
 __all__ = [
     "Recorder", "ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_RTT",
@@ -215,12 +215,16 @@ class Recorder(Protocol):
     worker (proxy/workers/)."""
 
     in_flight: Gauge
+    sink_errors: Counter  # taotrace_sink_errors_total{sink}: records a sink failed on
+    sink_name: str  # what `record` is counted under there
 
     def record(self, rec: RequestRecord) -> None: ...
 
 
 class Metrics:
     """The `taotrace_*` metrics on one registry."""
+
+    sink_name = "metrics"
 
     def __init__(
         self,
@@ -317,6 +321,10 @@ class Metrics:
             "taotrace_worker_restarts", "Worker processes that died and were restarted (--workers).", registry=registry
         )
         self.worker_restarts.labels()  # 0 from the start, in one process too
+        self.sink_errors = Counter(
+            "taotrace_sink_errors", "Finished requests' records a sink (metrics, spans, live_view, ...) failed on.",
+            ("sink",), registry=registry,
+        )  # fmt: skip
         self.compare = _Compare(registry)
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._overhead: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}

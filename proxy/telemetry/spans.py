@@ -37,12 +37,13 @@ from opentelemetry.util import types
 
 from proxy import __version__
 from proxy.dialects import RequestInfo
+from proxy.record import RequestRecord, Traced
 from proxy.routes import Route
 from proxy.telemetry import sdk_internals
 from proxy.telemetry.otlp_env import otlp_target, traces_exporter
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
-from proxy.timing import RequestRecord, RequestTiming, SpanContextValues, SpanStart
+from proxy.timing import RequestTiming, SpanContextValues, SpanStart
 
 __all__ = ["Telemetry", "build_tracer_provider", "shutdown_tracer_provider"]
 
@@ -323,6 +324,17 @@ class Telemetry:
         parent = getattr(span, "parent", None)  # the SDK's span and a directly built root both have it
         parent_sampled = parent is not None and parent.is_remote and parent.trace_flags.sampled
         return policy.reason(ctx.trace_id, parent_sampled, error_type, timing.ttft, timing.duration) or "dropped"
+
+    def conclude(self, span: Span, error_type: str, timing: RequestTiming, output_text: str | None) -> Traced:
+        """Everything a finished request's record needs from telemetry, asked once: its trace id
+        (None when not traced or dropped), the outcome sampling decision, and in ship mode the
+        root's start."""
+        sampling = self.decide(span, error_type, timing)
+        return Traced(
+            trace_id=None if sampling == "dropped" else self.trace_id(span),
+            sampling=sampling,
+            span=self.span_start(span, sampling, output_text) if self.ship else None,
+        )
 
     def finish(self, span: Span, rec: RequestRecord, output_text: str | None = None, offset: int | None = None) -> None:
         """Attributes from the record, the three phase children, then end the root span.

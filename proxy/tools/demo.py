@@ -29,12 +29,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Shutdown, run_loop
 from proxy.listen import CannotListen
+from proxy.record import RequestRecord
 from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running
 from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream, upstream_url
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
-from proxy.timing import RequestRecord
 from proxy.tools.client import Call, api_name, auth_headers, measure
 from proxy.tools.clientconfig import key_hint, key_places
 from proxy.tools.command import taotrace_command

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.record import RequestRecord
 from proxy.sim.tokens import EstimateTokenizer
-from proxy.timing import RequestRecord
 from proxy.tools.client import Measurement
 from proxy.tools.table import align, cell
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from proxy.inflight import InFlight
-from proxy.timing import RequestRecord
+from proxy.record import RequestRecord
 from proxy.ui.pairs import Pairs
 from proxy.ui.ring import Ring
 from proxy.ui.summary import Window

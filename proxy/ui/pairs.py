@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.timing import RequestRecord
+from proxy.record import RequestRecord
 
 __all__ = ["MAX_PAIRS", "MAX_PENDING", "Pairs", "differences", "outcome"]
 

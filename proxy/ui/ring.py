@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any
 
-from proxy.timing import RequestRecord, RequestTiming
+from proxy.record import RequestRecord
+from proxy.timing import RequestTiming
 
 __all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "distinct", "parse_query", "select"]
 

@@ -55,6 +55,7 @@ from proxy.inflight import InFlight
 from proxy.lifecycle import Shutdown
 from proxy.listen import bind
 from proxy.protocol import GuardedAppRunner
+from proxy.record import RequestRecord
 from proxy.serve import (
     HURRIED_SHUTDOWN_SECONDS,
     TRACE_SHUTDOWN_SECONDS,
@@ -69,7 +70,6 @@ from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
-from proxy.timing import RequestRecord
 from proxy.ui import LiveView
 from proxy.workers.channel import encode, receive
 

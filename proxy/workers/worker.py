@@ -23,10 +23,10 @@ from contextlib import suppress
 
 from proxy.inflight import InFlightRequests
 from proxy.lifecycle import Shutdown, run_loop
+from proxy.record import RequestRecord
 from proxy.serve import LOOP_SWITCH_INTERVAL, configure_logging, running
 from proxy.settings import Settings
-from proxy.telemetry.exposition import Gauge, Registry
-from proxy.timing import RequestRecord
+from proxy.telemetry.exposition import Counter, Gauge, Registry
 from proxy.workers.channel import encode, receive
 
 __all__ = ["Shipper", "main"]
@@ -42,11 +42,15 @@ class Shipper:
     """The worker's `Recorder`: records are batched (`BATCH_DELAY`) and written to the
     supervisor; the in-flight gauge is kept locally and sent as absolute counts."""
 
+    sink_name = "workers_ship"
+
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.in_flight = Gauge(
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=Registry()
         )
+        # Counted and logged here; not sent to the supervisor's /metrics yet.
+        self.sink_errors = Counter("taotrace_sink_errors", "Sink failures.", ("sink",), registry=Registry())
         self._pending: list[RequestRecord] = []
         self._sent_gauge: dict[tuple[str, ...], float] = {}
 

@@ -54,8 +54,9 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     from proxy.accounting.attribution import Attributor
     from proxy.accounting.ratelimits import read_rate_limits
     from proxy.dialects import Usage
+    from proxy.record import RequestRecord
     from proxy.telemetry.metrics import Metrics
-    from proxy.timing import PhaseClock, RequestRecord
+    from proxy.timing import PhaseClock
     from proxy.ui import LiveView
 
     def clock(tokens: int = 16) -> PhaseClock:

@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from proxy.dialects import Usage  # noqa: E402
+from proxy.record import RequestRecord  # noqa: E402
 from proxy.serve import running  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
-from proxy.timing import PhaseClock, RequestRecord  # noqa: E402
+from proxy.timing import PhaseClock  # noqa: E402
 from proxy.ui import LiveView  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -1,0 +1,97 @@
+"""The record of one finished request: what happened to it, in plain frozen values, handed to
+every sink (metrics, spans, the live view, the access log, a worker's shipper).
+
+Built once per request, when it ends (`proxy/forward.py`), from what its handler saw, its decided
+`Outcome`, and what telemetry answered when asked once (`Traced`: trace id, outcome sampling, and
+in ship mode the root span's start). Sinks only read it; `usage_of` is the one rule for which usage
+a record carries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from proxy.dialects import StreamReader, Usage
+from proxy.errors import ErrorType
+from proxy.tcpinfo import TcpStats
+from proxy.timing import RequestTiming, SpanStart
+
+if TYPE_CHECKING:
+    from proxy.accounting.prices import Cost
+    from proxy.accounting.ratelimits import RateLimits
+
+__all__ = ["RequestRecord", "Traced", "UsageSource", "usage_of"]
+
+UsageSource = Literal["reported", "counted", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Traced:
+    """What telemetry says of a finished request, asked once: its trace id (None when it is not
+    traced or outcome sampling dropped it), the sampling decision ("" none, why it is kept, or
+    "dropped"), and in ship mode the root span's start for the telemetry process."""
+
+    trace_id: str | None = None
+    sampling: str = ""
+    span: SpanStart | None = None
+
+
+def usage_of(reader: StreamReader | None, streaming: bool, token_events: int) -> tuple[Usage, UsageSource]:
+    """The usage a record carries and where it came from: the upstream's report when it made one,
+    else, for a parsed stream, the token events counted (output only)."""
+    usage = reader.usage if reader is not None and reader.usage is not None else Usage()
+    if usage.output_tokens is not None:
+        return usage, "reported"
+    if streaming and reader is not None:
+        return dataclasses.replace(usage, output_tokens=token_events), "counted"
+    if not streaming and reader is not None and reader.usage is not None:
+        return usage, "reported"  # a whole body's usage, e.g. embeddings (input tokens only)
+    return usage, "none"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRecord:
+    """Everything known about one finished request; handed to metrics, spans and observers."""
+
+    trace_id: str | None  # 32 hex, when the request was traced
+    api: str
+    operation: str | None
+    model: str | None
+    response_model: str | None
+    stream: bool
+    method: str
+    path: str
+    status_code: int
+    error_type: ErrorType | Literal[""]  # "" on success (proxy/outcome.py decides it)
+    timing: RequestTiming
+    usage: Usage
+    usage_source: str  # "reported" | "counted" | "none"
+    finish_reasons: tuple[str, ...]
+    response_id: str | None
+    provider: str | None = None  # gen_ai.provider.name
+    sampling: str = ""  # outcome sampling: "" (no decision), why the trace is kept, or "dropped"
+    # who sent it (attribution attributes, incl. taotrace.key.id), its rate-limit headers, its cost
+    attributes: tuple[tuple[str, str], ...] = field(default=(), kw_only=True)
+    rate_limits: RateLimits | None = field(default=None, kw_only=True)
+    cost: Cost | None = field(default=None, kw_only=True)
+    tcp: TcpStats | None = field(default=None, kw_only=True)  # the upstream connection's TCP_INFO (Linux)
+    span: SpanStart | None = field(default=None, kw_only=True)  # for the telemetry process to finish
+    upstream: str = field(default="", kw_only=True)  # the route's name ("" when no route matched)
+    # --mirror: the id both records of a pair share, and whether this is the mirror's copy
+    pair_id: str | None = field(default=None, kw_only=True)
+    mirror: bool = field(default=False, kw_only=True)
+    # The request's messages as JSON, only with --capture-content (None above RING_CONTENT_LIMIT):
+    # the live view shows it, and `taotrace compare --from-live` replays it.
+    input_content: str | None = field(default=None, kw_only=True)
+
+    @property
+    def server_wait(self) -> float | None:
+        """An estimate: prefill_wait minus one round trip (floored at 0), the provider's queue and
+        prefill as seen from outside. None without both."""
+        prefill = self.timing.prefill_wait
+        rtt = self.tcp.round_trip if self.tcp is not None else None
+        if prefill is None or rtt is None:
+            return None
+        return max(0.0, prefill - rtt)
