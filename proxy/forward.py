@@ -658,7 +658,7 @@ class Forwarder:
         usage, source = usage_of(reader, streaming, phase.tokens)
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming, last_byte=last_byte)
         response_model = reader.response_model if reader is not None else None
-        text = reader.text if reader is not None else None
+        text = reader.output_messages if reader is not None else None
         try:
             traced = self.telemetry.conclude(x.span, outcome.error_type, timing, text)
         except Exception as exc:  # noqa: BLE001 - counted and logged; the record still goes to the other sinks

@@ -31,7 +31,7 @@ from tests.toy_dialect import TOY
 
 PKG = Path(proxy.dialects.__file__).resolve().parent
 # the package's own machinery; every other module in it is one dialect
-MACHINERY = {"__init__", "dialect", "reader", "registry"}
+MACHINERY = {"__init__", "content", "dialect", "reader", "registry"}
 
 TOY_STREAM = [
     named("heartbeat", {}),

@@ -57,6 +57,33 @@ def test_the_root_attribute_bound_is_the_most_a_root_can_carry() -> None:
     """`_MAX_ROOT_ATTRIBUTES` (the fast root path runs only under an attribute count limit at least
     this high) is computed here: a request that sets every attribute the root can have, counted on
     the finished span. A new attribute fails this until the bound is moved."""
+    from proxy.telemetry.sdk_internals import _MAX_ROOT_ATTRIBUTES
+
+    most = max(maximal_infos(), key=lambda i: len(i.params) + (i.system_instructions is not None))
+    assert most.input_messages is not None
+    (root,) = [s for s in maximal_spans(most) if s.parent is None]
+    assert root.attributes is not None
+    assert len(root.attributes) == _MAX_ROOT_ATTRIBUTES, sorted(root.attributes)
+
+
+def maximal_infos() -> list[Any]:
+    """Each dialect's `RequestInfo` for a body setting every parameter any dialect reads, with
+    content captured and the end user asked for."""
+
+    from proxy import dialects
+
+    # Every request parameter any dialect reads, and a structured-output request.
+    samples = {int: 2, float: 0.5, list: ["x"]}
+    body: dict[str, object] = {k: samples[kind] for d in dialects.DIALECTS for k, _, kind in d.params}
+    body |= {"model": "m", "stream": True, "user": "u", "messages": [{"role": "user", "content": "hi"}]}
+    body |= {"response_format": {"type": "json_object"}, "text": {"format": {"type": "json_schema"}}}
+    body |= {"system": "s", "instructions": "i"}  # instructions given apart: gen_ai.system_instructions
+    body |= {"prompt": "p", "input": "i", "metadata": {"user_id": "u"}}  # the other dialects' input and user
+    return [d.inspect(orjson.dumps(body), capture_content=True, end_user=True) for d in dialects.DIALECTS]
+
+
+def maximal_spans(info: Any) -> list[Any]:
+    """The finished spans of a request of `info` that sets every attribute the root can have."""
     import dataclasses
 
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
@@ -71,17 +98,9 @@ def test_the_root_attribute_bound_is_the_most_a_root_can_carry() -> None:
     from proxy.record import RequestRecord
     from proxy.routes import Route
     from proxy.tcpinfo import TcpStats
-    from proxy.telemetry.sdk_internals import _MAX_ROOT_ATTRIBUTES
     from proxy.telemetry.spans import Telemetry
     from proxy.timing import RequestTiming
 
-    # Every request parameter any dialect reads, and a structured-output request.
-    samples = {int: 2, float: 0.5, list: ["x"]}
-    body: dict[str, object] = {k: samples[kind] for d in dialects.DIALECTS for k, _, kind in d.params}
-    body |= {"model": "m", "stream": True, "user": "u", "messages": [{"role": "user", "content": "hi"}]}
-    body |= {"response_format": {"type": "json_object"}, "text": {"format": {"type": "json_schema"}}}
-    infos = [d.inspect(orjson.dumps(body), capture_content=True, end_user=True) for d in dialects.DIALECTS]
-    info = max(infos, key=lambda i: len(i.params))
     assert info.content is not None and info.end_user == "u"
     # Attribution at its bound (every header mapped, the key's id, the body's user), every rate limit.
     mapped = tuple(HeaderAttribute(header=f"x-h{i}", attribute=f"app.h{i}") for i in range(MAX_HEADER_ATTRIBUTES))
@@ -121,7 +140,5 @@ def test_the_root_attribute_bound_is_the_most_a_root_can_carry() -> None:
     )
     route = Route("r", "/r", URL("http://up:8000/api"))
     span = telemetry.start(info, "POST", "/v1/chat/completions", "key=x", {}, 0.0, route)
-    telemetry.finish(span, record, output_text="out")
-    (root,) = [s for s in exporter.get_finished_spans() if s.parent is None]
-    assert root.attributes is not None
-    assert len(root.attributes) == _MAX_ROOT_ATTRIBUTES, sorted(root.attributes)
+    telemetry.finish(span, record, output_text="[]")
+    return list(exporter.get_finished_spans())

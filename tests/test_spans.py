@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
@@ -116,8 +118,12 @@ async def test_prompt_capture_is_opt_in(start_proxy, client: aiohttp.ClientSessi
         ) as r:
             await r.read()
         root = (await p.settled_spans("chat m"))[-1]
-        assert "PROMPT-CANARY" in root.attributes["gen_ai.input.messages"]
-        assert root.attributes["gen_ai.output.messages"] == "tok0 tok1 "
+        assert json.loads(root.attributes["gen_ai.input.messages"]) == [
+            {"role": "user", "parts": [{"type": "text", "content": "PROMPT-CANARY"}]}
+        ]
+        assert json.loads(root.attributes["gen_ai.output.messages"]) == [
+            {"role": "assistant", "parts": [{"type": "text", "content": "tok0 tok1 "}], "finish_reason": "stop"}
+        ]
 
 
 async def test_first_chunk_and_first_token_are_apart(proxy: Proxied, client: aiohttp.ClientSession) -> None:

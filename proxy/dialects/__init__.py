@@ -14,6 +14,7 @@ Nothing here raises on bad input: a body that is not what the dialect promises d
 "unknown", never to an error.
 
     reader.py       Usage, StreamReader (the base), JSON helpers shared by the readers
+    content.py      captured messages in the GenAI conventions' shape, bounded (capture on only)
     dialect.py      Dialect, RequestInfo, request parameters
     registry.py     Dialects: path -> dialect, longest suffix first
     chat.py  completions.py  responses.py  messages.py  embeddings.py    one dialect each

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.dialects.content import Message, Output, Part, arguments, text_part, uri_part
 from proxy.dialects.dialect import COMMON_PARAMS, Dialect
 from proxy.dialects.reader import StreamReader, items, loads, nonempty, openai_usage
 from proxy.sse import SSEEvent
 
-__all__ = ["API_CHAT", "DIALECT", "ChatReader"]
+__all__ = ["API_CHAT", "DIALECT", "ChatReader", "input_messages"]
 
 API_CHAT = "chat_completions"
 
@@ -46,6 +47,8 @@ class ChatReader(StreamReader):
             reason = choice.get("finish_reason")
             if reason:
                 self._finish(reason)
+                if self.out is not None:
+                    self.out.finish(reason, choice.get("index"))
             if self._choice_has_token(choice):
                 token = True
         return token
@@ -55,27 +58,106 @@ class ChatReader(StreamReader):
         if not isinstance(delta, dict):
             return False
         content = delta.get("content")
+        out = self.out  # None unless capture is on: then nothing below is kept
         if isinstance(content, str) and content:
-            self._keep(content)
+            if out is not None:
+                out.text(content, choice.get("index"))
             return True  # the common chunk: the other fields cannot change the answer or the capture
         found = False
         for key in ("reasoning_content", "reasoning", "refusal"):
-            if nonempty(delta.get(key)):
+            value = delta.get(key)
+            if nonempty(value):
                 found = True
+                if out is not None:
+                    out.text(value, choice.get("index"), "text" if key == "refusal" else "reasoning")
         for call in items(delta.get("tool_calls")):
             fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and nonempty(fn.get("arguments")):
-                found = True
+            if isinstance(fn, dict):
+                if nonempty(fn.get("arguments")):
+                    found = True
+                if out is not None:
+                    out.tool_call(
+                        call.get("index"), call.get("id"), fn.get("name"), fn.get("arguments"), choice.get("index")
+                    )
         return found
 
     def _read_whole(self, obj: dict[str, Any]) -> None:
         self._meta(obj)
         self.usage = openai_usage(obj.get("usage"))
+        out = self.out
         for choice in items(obj.get("choices")):
             if isinstance(choice, dict):
                 self._finish(choice.get("finish_reason"))
-                message = choice.get("message")
-                self._keep(message.get("content") if isinstance(message, dict) else choice.get("text"))
+                if out is not None:
+                    _whole_choice(out, choice)
+
+
+def _whole_choice(out: Output, choice: dict[str, Any]) -> None:
+    """One choice of a whole answer (`message`, or legacy `text`), kept as output parts."""
+    index = choice.get("index")
+    out.finish(choice.get("finish_reason"), index)
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        out.text(choice.get("text"), index)
+        return
+    out.text(message.get("reasoning_content") or message.get("reasoning"), index, "reasoning")
+    out.text(message.get("content"), index)
+    out.text(message.get("refusal"), index)
+    for i, call in enumerate(items(message.get("tool_calls"))):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            out.tool_call(i, call.get("id"), fn.get("name"), fn.get("arguments"), index)
+
+
+def _content_parts(content: object) -> list[Part]:
+    """A chat message's `content`: a string, or an array of text and image parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}] if content else []
+    parts: list[Part] = []
+    for item in items(content):
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "text":
+            part = text_part(item.get("text"))
+            if part is not None:
+                parts.append(part)
+        elif kind == "image_url":
+            image = item.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            parts.append(uri_part(url, "image") or {"type": "image_url"})
+        elif isinstance(kind, str):
+            parts.append({"type": kind})  # audio, files: named, their data left out
+    return parts
+
+
+def input_messages(obj: dict[str, Any]) -> tuple[list[Message], list[Part] | None]:
+    """`messages` as the conventions' input messages; system messages stay among them (they are
+    part of the chat history here)."""
+    messages: list[Message] = []
+    for m in items(obj.get("messages")):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            continue
+        role = m["role"]
+        if role == "tool":
+            parts: list[Part] = [
+                {"type": "tool_call_response", "id": m.get("tool_call_id"), "response": m.get("content")}
+            ]
+        else:
+            parts = _content_parts(m.get("content"))
+            for call in items(m.get("tool_calls")):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict):
+                    parts.append(
+                        {
+                            "type": "tool_call",
+                            "id": call.get("id"),
+                            "name": fn.get("name"),
+                            "arguments": arguments(fn.get("arguments")),
+                        }
+                    )
+        messages.append({"role": role, "parts": parts})
+    return messages, None
 
 
 def _output_type(obj: dict[str, Any]) -> str | None:
@@ -101,4 +183,5 @@ DIALECT = Dialect(
         ("n", "gen_ai.request.choice.count", int),
     ),
     output_type=_output_type,
+    input_messages=input_messages,
 )

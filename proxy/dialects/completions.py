@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.dialects.chat import ChatReader
+from proxy.dialects.content import Message, Part
 from proxy.dialects.dialect import COMMON_PARAMS, Dialect
-from proxy.dialects.reader import nonempty
+from proxy.dialects.reader import items, nonempty
 
 __all__ = ["API_COMPLETIONS", "DIALECT", "CompletionsReader"]
 
@@ -21,8 +22,15 @@ class CompletionsReader(ChatReader):
 
     def _choice_has_token(self, choice: dict[str, Any]) -> bool:
         text = choice.get("text")
-        self._keep(text)
+        self._keep(text, choice.get("index"))
         return nonempty(text)
+
+
+def input_messages(obj: dict[str, Any]) -> tuple[list[Message], list[Part] | None]:
+    """`prompt` (a string or a list of them) as user messages."""
+    prompt = obj.get("prompt")
+    prompts = [prompt] if isinstance(prompt, str) else [p for p in items(prompt) if isinstance(p, str)]
+    return [{"role": "user", "parts": [{"type": "text", "content": p}]} for p in prompts], None
 
 
 DIALECT = Dialect(
@@ -31,6 +39,7 @@ DIALECT = Dialect(
     operation="text_completion",
     provider="openai",
     reader=CompletionsReader,
+    input_messages=input_messages,
     params=(
         *COMMON_PARAMS,
         ("max_tokens", "gen_ai.request.max_tokens", int),

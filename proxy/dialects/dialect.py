@@ -14,6 +14,7 @@ from typing import Any, TypeAlias
 
 import orjson
 
+from proxy.dialects.content import Message, Part, bounded_json, no_messages
 from proxy.dialects.reader import MAX_MODEL_LENGTH, StreamReader, loads, model_name
 
 __all__ = [
@@ -55,10 +56,13 @@ class RequestInfo:
     provider: str | None
     model: str | None
     stream: bool
-    content: str | None = None  # the request's messages as JSON, only when capture is on
+    content: str | None = None  # the request's messages as JSON, only when capture is on (the live view's)
     # GenAI request parameters as span attributes (`gen_ai.request.temperature`, ...), validated
     params: tuple[tuple[str, ParamValue], ...] = ()
     end_user: str | None = None  # OpenAI `user` / Anthropic `metadata.user_id`, only when asked for
+    # The same in the conventions' shape, bounded (proxy/dialects/content.py), only when capture is on
+    input_messages: str | None = None  # gen_ai.input.messages
+    system_instructions: str | None = None  # gen_ai.system_instructions
 
 
 def no_output_type(obj: dict[str, Any]) -> str | None:
@@ -84,6 +88,8 @@ class Dialect:
     params: tuple[Param, ...] = ()  # the first body key present wins for one attribute
     output_type: Callable[[dict[str, Any]], str | None] = no_output_type  # `gen_ai.output.type`
     end_user: Callable[[dict[str, Any]], str | None] = user_field  # the caller's own user id
+    # The request's messages and system instructions as the GenAI conventions shape them
+    input_messages: Callable[[dict[str, Any]], tuple[list[Message], list[Part] | None]] = no_messages
 
     def inspect(self, body: bytes, *, capture_content: bool = False, end_user: bool = False) -> RequestInfo:
         """Read model and `stream` (and, when asked, content and end user) from a JSON body;
@@ -91,9 +97,13 @@ class Dialect:
         obj = loads(body) if body else None
         if not isinstance(obj, dict):
             return RequestInfo(self.api, self.operation, self.provider, None, False)
-        content = None
-        if capture_content and any(key in obj for key in _CONTENT_KEYS):
-            content = orjson.dumps({k: obj[k] for k in _CONTENT_KEYS if k in obj}).decode()
+        content = messages = system = None
+        if capture_content:
+            if any(key in obj for key in _CONTENT_KEYS):
+                content = orjson.dumps({k: obj[k] for k in _CONTENT_KEYS if k in obj}).decode()
+            shaped, instructions = self.input_messages(obj)
+            messages = bounded_json(shaped) if shaped else None
+            system = bounded_json(instructions) if instructions else None
         return RequestInfo(
             self.api,
             self.operation,
@@ -103,6 +113,8 @@ class Dialect:
             content,
             self.request_params(obj),
             end_user=self.end_user(obj) if end_user else None,
+            input_messages=messages,
+            system_instructions=system,
         )
 
     def request_params(self, obj: dict[str, Any]) -> tuple[tuple[str, ParamValue], ...]:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
+from proxy.dialects.content import Message, Output, Part, text_part, uri_part
 from proxy.dialects.dialect import Dialect
 from proxy.dialects.reader import StreamReader, Usage, items, loads, nonempty, nonneg_int
 from proxy.sse import SSEEvent
 
-__all__ = ["API_MESSAGES", "DIALECT", "MessagesReader"]
+__all__ = ["API_MESSAGES", "DIALECT", "MessagesReader", "input_messages"]
 
 API_MESSAGES = "messages"
 
@@ -45,6 +48,10 @@ class MessagesReader(StreamReader):
         if kind in self.SKIP:
             if kind == "message_stop":  # checked only among the skipped events: free for the deltas
                 self.done = True
+            elif kind == "content_block_start" and self.out is not None:  # a tool call's id and name
+                obj = loads(event.data)
+                if isinstance(obj, dict):
+                    _block_start(self.out, obj)
             return False
         obj = loads(event.data)
         if not isinstance(obj, dict):
@@ -62,8 +69,12 @@ class MessagesReader(StreamReader):
             for key in ("text", "thinking", "partial_json"):
                 value = delta.get(key)
                 if nonempty(value):
-                    if key == "text":
-                        self._keep(value)
+                    out = self.out  # None unless capture is on
+                    if out is not None:
+                        if key == "partial_json":
+                            out.tool_call(obj.get("index"), None, None, value)
+                        else:
+                            out.text(value, 0, "text" if key == "text" else "reasoning")
                     return True
             return False
         if kind == "message_start":
@@ -76,6 +87,8 @@ class MessagesReader(StreamReader):
             delta = obj.get("delta")
             if isinstance(delta, dict):
                 self._finish(delta.get("stop_reason"))
+                if self.out is not None:
+                    self.out.finish(delta.get("stop_reason"))
         elif kind == "message_stop":  # a stream without `event:` lines names it only in the data
             self.done = True
         elif kind == "error":
@@ -86,9 +99,71 @@ class MessagesReader(StreamReader):
         self._meta(obj)
         self.usage = _usage(obj.get("usage"), None)
         self._finish(obj.get("stop_reason"))
-        for block in items(obj.get("content")):
+        out = self.out
+        if out is None:
+            return
+        out.finish(obj.get("stop_reason"))
+        for i, block in enumerate(items(obj.get("content"))):
             if isinstance(block, dict):
-                self._keep(block.get("text"))
+                _block_start(out, {"index": i, "content_block": block})
+                out.text(block.get("text"))
+                out.text(block.get("thinking"), 0, "reasoning")
+
+
+def _block_start(out: Output, obj: dict[str, Any]) -> None:
+    """`content_block_start` (or a whole answer's block): a tool call's id, name and any input."""
+    block = obj.get("content_block")
+    if isinstance(block, dict) and block.get("type") in ("tool_use", "server_tool_use"):
+        given = block.get("input")
+        args = orjson.dumps(given).decode() if isinstance(given, dict) and given else None
+        out.tool_call(obj.get("index"), block.get("id"), block.get("name"), args)
+
+
+def _blocks(content: object) -> list[Part]:
+    """A message's `content` (a string or blocks) as parts."""
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}] if content else []
+    parts: list[Part] = []
+    for block in items(content):
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text":
+            part = text_part(block.get("text"))
+        elif kind == "thinking":
+            part = text_part(block.get("thinking"), "reasoning")
+        elif kind == "tool_use":
+            part = {
+                "type": "tool_call",
+                "id": block.get("id"),
+                "name": block.get("name"),
+                "arguments": block.get("input"),
+            }
+        elif kind == "tool_result":
+            result = block.get("content")
+            if not isinstance(result, str):  # blocks: their text
+                result = "".join(p["content"] for p in _blocks(result) if p["type"] == "text")
+            part = {"type": "tool_call_response", "id": block.get("tool_use_id"), "response": result}
+        elif kind == "image":
+            source = block.get("source")
+            part = uri_part(source.get("url") if isinstance(source, dict) else None, "image") or {"type": "image"}
+        else:
+            part = {"type": kind} if isinstance(kind, str) else None  # documents and others: named, not copied
+        if part is not None:
+            parts.append(part)
+    return parts
+
+
+def input_messages(obj: dict[str, Any]) -> tuple[list[Message], list[Part] | None]:
+    """`messages` as input messages; `system` (given apart) as the system instructions."""
+    system = obj.get("system")
+    instructions = _blocks(system) if system else None
+    messages = [
+        {"role": m["role"], "parts": _blocks(m.get("content"))}
+        for m in items(obj.get("messages"))
+        if isinstance(m, dict) and isinstance(m.get("role"), str)
+    ]
+    return messages, instructions or None
 
 
 def _end_user(obj: dict[str, Any]) -> str | None:
@@ -112,4 +187,5 @@ DIALECT = Dialect(
         ("stop_sequences", "gen_ai.request.stop_sequences", list),
     ),
     end_user=_end_user,
+    input_messages=input_messages,
 )

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects.content import Output, bounded_json
 from proxy.sse import SSEEvent
 
 __all__ = [
@@ -110,8 +111,7 @@ class StreamReader:
         "error_type",
         "done",
         "_capture",
-        "_text",
-        "_text_len",
+        "out",
     )
 
     # events whose type alone says they carry nothing we read: skip the JSON parse
@@ -126,8 +126,8 @@ class StreamReader:
         self.error_type: str | None = None
         self.done = False  # the terminal event was read: the client has the whole answer
         self._capture = capture_content
-        self._text: list[str] = []
-        self._text_len = 0
+        # The answer's parts (text, reasoning, tool calls), only with capture on: None costs nothing.
+        self.out: Output | None = Output(self.MAX_CAPTURE) if capture_content else None
 
     def feed(self, event: SSEEvent) -> bool:
         """True when the event carried generated output (a token event)."""
@@ -150,12 +150,23 @@ class StreamReader:
     @property
     def text(self) -> str | None:
         """The generated text, when capture is on."""
-        return "".join(self._text) if self._capture else None
+        out = self.out
+        if out is None:
+            return None
+        return "".join(p["content"] for m in out.messages() for p in m["parts"] if p["type"] == "text")
 
-    def _keep(self, text: object) -> None:
-        if self._capture and isinstance(text, str) and self._text_len < self.MAX_CAPTURE:
-            self._text.append(text)
-            self._text_len += len(text)
+    @property
+    def output_messages(self) -> str | None:
+        """`gen_ai.output.messages` as bounded JSON, when capture is on and anything was generated."""
+        out = self.out
+        if out is None or not out.choices:
+            return None
+        return bounded_json(out.messages(self.finish_reasons[0] if self.finish_reasons else None))
+
+    def _keep(self, text: object, index: object = 0) -> None:
+        out = self.out
+        if out is not None:
+            out.text(text, index)
 
     def _finish(self, reason: object) -> None:
         if isinstance(reason, str) and reason and reason not in self.finish_reasons:

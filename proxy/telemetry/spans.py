@@ -243,8 +243,11 @@ class Telemetry:
                 attributes["gen_ai.request.model"] = info.model
             for key, value in info.params:
                 attributes[key] = value
-        if self.capture_content and info.content is not None:
-            attributes["gen_ai.input.messages"] = info.content[:65536]
+        if self.capture_content:  # shaped and bounded by the dialect (proxy/dialects/content.py)
+            if info.system_instructions is not None:
+                attributes["gen_ai.system_instructions"] = info.system_instructions
+            if info.input_messages is not None:
+                attributes["gen_ai.input.messages"] = info.input_messages
         # Most clients send no trace headers; the W3C propagators would then return an empty context.
         if self._w3c_textmap() and carrier.get("traceparent") is None and carrier.get("baggage") is None:
             context = sdk_internals.EMPTY_CONTEXT
@@ -404,8 +407,8 @@ class Telemetry:
         if rec.cost is not None and rec.cost.amount is not None:
             attrs["taotrace.cost"] = rec.cost.amount
             attrs["taotrace.cost.currency"] = rec.cost.currency
-        if output_text is not None and self.capture_content:
-            attrs["gen_ai.output.messages"] = output_text[:65536]
+        if output_text is not None and self.capture_content:  # JSON, bounded by the dialect's reader
+            attrs["gen_ai.output.messages"] = output_text
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             span.set_status(Status(StatusCode.ERROR, rec.error_type))
