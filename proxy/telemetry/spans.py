@@ -258,7 +258,7 @@ class Telemetry:
                 if self.parent == "link" and caller.is_valid:
                     links = (*links, caller)
                 context = sdk_internals.EMPTY_CONTEXT
-        linked = tuple(Link(c) for c in links if c.is_valid)
+        linked = tuple(Link(c) for c in links if c.is_valid) if links else ()
         sdk = self._sdk
         if self._root_ok and sdk is not None:
             self._processors()
