@@ -19,3 +19,26 @@ def test_endpoint_rules_per_signal(signal: str) -> None:
     assert otlp_target(grpc, signal) == ("grpc", "http://c:4318/")  # gRPC: no path appended
     mixed = {**grpc, f"OTEL_EXPORTER_OTLP_{up}_PROTOCOL": "http/protobuf"}
     assert otlp_target(mixed, signal) == ("http/protobuf", f"http://c:4318/v1/{signal}")  # the signal's own wins
+
+
+def test_the_resource_follows_the_sdks_variables() -> None:
+    """OTEL_RESOURCE_ATTRIBUTES (how a viewer's project or a deployment is named) reaches spans and
+    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one."""
+    from proxy.telemetry.genai_metrics import build_meter_provider
+    from proxy.telemetry.spans import build_tracer_provider
+
+    grouped = {"OTEL_RESOURCE_ATTRIBUTES": "openinference.project.name=llm%20proxy, service.name=from-attrs"}
+    for env, service in (
+        ({}, "taotrace"),
+        (grouped, "from-attrs"),
+        ({**grouped, "OTEL_SERVICE_NAME": "from-name"}, "from-name"),
+    ):
+        meters = build_meter_provider({**env, "OTEL_METRICS_EXPORTER": "console"})
+        assert meters is not None
+        for attrs in (
+            build_tracer_provider(env, export=False).resource.attributes,
+            meters._sdk_config.resource.attributes,
+        ):
+            assert attrs["service.name"] == service
+            assert attrs.get("openinference.project.name") == ("llm proxy" if env else None)
+        meters.shutdown()

@@ -34,7 +34,7 @@ from proxy import __version__
 from proxy.dialects import Usage
 from proxy.record import RequestRecord
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
-from proxy.telemetry.otlp_env import otlp_target
+from proxy.telemetry.otlp_env import otlp_target, resource_attributes
 from proxy.telemetry.sdk_internals import BulkRecorder
 from proxy.telemetry.semconv import LATEST_METRICS, RELEASED_METRICS, Conventions, MetricNames
 
@@ -122,9 +122,7 @@ def build_meter_provider(env: Mapping[str, str] | None = None) -> MeterProvider 
         export_interval_millis=_millis(env, "OTEL_METRIC_EXPORT_INTERVAL"),
         export_timeout_millis=_millis(env, "OTEL_METRIC_EXPORT_TIMEOUT"),
     )
-    resource = Resource.create(
-        {"service.name": env.get("OTEL_SERVICE_NAME", "taotrace"), "service.version": __version__}
-    )
+    resource = Resource.create(resource_attributes(env, __version__))
     # No exemplars: values are recorded on a worker thread, where no span is current anyway.
     return MeterProvider(
         [reader], resource=resource, views=views(), shutdown_on_exit=False, exemplar_filter=AlwaysOffExemplarFilter()

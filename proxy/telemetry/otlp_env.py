@@ -7,9 +7,26 @@ signals read the variables the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["otlp_target", "shown_endpoint", "span_destination", "traces_exporter"]
+__all__ = ["otlp_target", "resource_attributes", "shown_endpoint", "span_destination", "traces_exporter"]
+
+
+def resource_attributes(env: Mapping[str, str], version: str) -> dict[str, str]:
+    """The resource's attributes from `env`, as the SDK's own rules rank them: those of
+    `OTEL_RESOURCE_ATTRIBUTES` (`k=v,k2=v2`, percent-encoded), then `OTEL_SERVICE_NAME` over their
+    `service.name`; `taotrace` when neither names the service."""
+    attributes: dict[str, str] = {}
+    for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        key, sep, value = pair.partition("=")
+        if sep and key.strip():
+            attributes[key.strip()] = unquote(value.strip())
+    service = env.get("OTEL_SERVICE_NAME", "").strip()
+    if service:
+        attributes["service.name"] = service
+    attributes.setdefault("service.name", "taotrace")
+    attributes["service.version"] = version
+    return attributes
 
 
 def traces_exporter(env: Mapping[str, str]) -> str:

@@ -40,7 +40,7 @@ from proxy.dialects import RequestInfo
 from proxy.record import RequestRecord, Traced
 from proxy.routes import Route
 from proxy.telemetry import sdk_internals
-from proxy.telemetry.otlp_env import otlp_target, traces_exporter
+from proxy.telemetry.otlp_env import otlp_target, resource_attributes, traces_exporter
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
 from proxy.timing import RequestTiming, SpanContextValues, SpanStart
@@ -75,9 +75,7 @@ def build_tracer_provider(env: Mapping[str, str] | None = None, *, export: bool 
     `export=False`: ids and sampling only, no exporter (a serving process whose spans the
     telemetry process builds and exports)."""
     env = os.environ if env is None else env
-    resource = Resource.create(
-        {"service.name": env.get("OTEL_SERVICE_NAME", "taotrace"), "service.version": __version__}
-    )
+    resource = Resource.create(resource_attributes(env, __version__))
     provider = TracerProvider(resource=resource)
     exporter = _exporter_from_env(env) if export else None
     if exporter is not None:
