@@ -57,6 +57,7 @@ ErrorType = Literal[
     "client_abort",  # the client went away before the end
     "shutdown",  # still running when the drain deadline passed
     "internal_error",  # a failure of the proxy's own code while relaying (logged with its traceback)
+    "worker_lost",  # --workers: the worker process serving it died (counted by the supervisor)
 ]
 ERROR_TYPES: Final[tuple[ErrorType, ...]] = get_args(ErrorType)
 

@@ -9,16 +9,31 @@ ends the process on the spot, in case the cut itself hangs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
+import sys
 from collections.abc import Coroutine
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-__all__ = ["Drained", "Shutdown", "drain", "run_loop"]
+__all__ = ["LOOP_SWITCH_INTERVAL", "Drained", "Shutdown", "configure_logging", "drain", "run_loop"]
 
 T = TypeVar("T")
+# The span exporter's thread and the /metrics render thread keep the GIL for up to the switch
+# interval (5 ms by default) before the event loop gets it back, and every stream waits with
+# it. At 1 ms, loop lag p99 under 100 streams/s with a healthy collector fell from 5-7 ms to 2-3.
+LOOP_SWITCH_INTERVAL = 0.001  # seconds, for every serving process (one, or a group's workers)
+
+
+def configure_logging(level: str) -> None:
+    """Our log lines on stderr, one format for every process of a group."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -17,11 +17,16 @@ import socket
 import sys
 from collections.abc import Sequence
 
-__all__ = ["CannotListen", "bind", "refusal"]
+__all__ = ["CannotListen", "bind", "http_url", "refusal"]
 
 
 def _where(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def http_url(host: str, port: int) -> str:
+    """`http://host:port` for a bound address (an IPv6 one in brackets)."""
+    return f"http://{_where(host, port)}"
 
 
 def refusal(host: str, port: int, error: OSError, *, port_flag: str, host_flag: str) -> str:

@@ -1,10 +1,12 @@
-"""The accounting pieces one proxy process uses, built once from its settings (errors at start)."""
+"""The accounting pieces a proxy uses, built once per start from its settings (errors at start)."""
 
 from __future__ import annotations
 
 import re
 import secrets
 from dataclasses import dataclass
+
+from pydantic import SecretStr
 
 from proxy.accounting.attribution import Attributor, parse_header_attributes
 from proxy.accounting.prices import PriceTable, load_prices
@@ -22,9 +24,13 @@ def label_name(attribute: str) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accounting:
-    """Who (attributor), how much (prices), and which attributes become metric labels."""
+    """Who (attributor), how much (prices), and which attributes become metric labels.
+
+    `key_salt` is the salt of `taotrace.key.id`: the one given, or one drawn for this start. A
+    group hands it to its workers, so a key has one id across the group."""
 
     attributor: Attributor
+    key_salt: SecretStr
     prices: PriceTable | None = None
     metric_labels: tuple[str, ...] = ()  # attribute names
     metric_label_values: int = 20
@@ -32,9 +38,11 @@ class Accounting:
 
 def accounting_from(settings: Settings) -> Accounting:
     """Build and check everything once; a `ValueError` with a message for the operator otherwise."""
-    salt = settings.key_salt.get_secret_value().encode() if settings.key_salt is not None else secrets.token_bytes(32)
+    key_salt = settings.key_salt if settings.key_salt is not None else SecretStr(secrets.token_hex(32))
     attributor = Attributor(
-        parse_header_attributes(settings.attribute_header), body_user=settings.attribute_body_user, salt=salt
+        parse_header_attributes(settings.attribute_header),
+        body_user=settings.attribute_body_user,
+        salt=key_salt.get_secret_value().encode(),
     )
     labels = tuple(dict.fromkeys(settings.metric_label))
     unknown = [name for name in labels if name not in attributor.names]
@@ -49,5 +57,9 @@ def accounting_from(settings: Settings) -> Accounting:
         raise ValueError(f"--metric-label: label name(s) {', '.join(sorted(set(clash)))} clash with another label")
     prices = load_prices(settings.prices) if settings.prices else None
     return Accounting(
-        attributor=attributor, prices=prices, metric_labels=labels, metric_label_values=settings.metric_label_values
+        attributor=attributor,
+        key_salt=key_salt,
+        prices=prices,
+        metric_labels=labels,
+        metric_label_values=settings.metric_label_values,
     )

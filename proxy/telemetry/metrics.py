@@ -325,6 +325,13 @@ class Metrics:
             "taotrace_sink_errors", "Finished requests' records a sink (metrics, spans, live_view, ...) failed on.",
             ("sink",), registry=registry,
         )  # fmt: skip
+        self.records_dropped = Counter(
+            "taotrace_records_dropped",
+            "Finished requests a worker could not hand to a supervisor that fell behind (--workers): "
+            "in no other metric, span or live-view row.",
+            registry=registry,
+        )  # fmt: skip
+        self.records_dropped.labels()
         self.compare = _Compare(registry)
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._overhead: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
@@ -404,6 +411,11 @@ class Metrics:
                     self.cost_cache_savings.labels(rec.upstream, rec.api, model).inc(cost.cache_savings)
         if self.attributed is not None:
             self.attributed.record(rec, model)
+
+    def record_lost(self, upstream: str, api: str, count: int) -> None:
+        """`count` requests whose worker died while they ran: outcome `worker_lost`, and nothing
+        else is known of them (no model, no status, no timings)."""
+        self.requests.labels(upstream, api, UNKNOWN_MODEL, "0", "worker_lost").inc(count)
 
     def _rate_limits(self, rec: RequestRecord, model: str) -> None:
         assert rec.rate_limits is not None

@@ -1,41 +1,98 @@
-"""Messages between the supervisor and a worker: length-prefixed pickles over a socketpair.
+"""The supervisor's channel to one worker: length-prefixed frames over a private socketpair.
 
-Both ends are this program (the supervisor starts the worker and hands it one end of a private
-`socket.socketpair()`), so pickle carries frozen `RequestRecord`s as they are: the supervisor
-runs the same `Metrics.record` on them as one process would, and a family added there is
-aggregated across workers with no change here. Each message is a tuple whose first item names it:
+The worker speaks first with a `Hello` in JSON, which any version of taotrace can read; the
+supervisor answers a Hello of its own version (`messages.VERSION`, `messages.SCHEMA`) with a
+`Start`, and refuses any other. From then on every frame is a pickle of one message class of
+`proxy.workers.messages`: both ends are this program, so a `RequestRecord` crosses as it is and
+the supervisor runs the same `Metrics.record` on it as one process would.
 
-    supervisor -> worker   ("start", settings as a dict, worker index, ship spans?)
-                           ("in_flight?", ask number, request id or None)   the live view polls
-    worker -> supervisor   ("ready",)
-                           ("records", [RequestRecord, ...], {(upstream, api): requests in flight})
-                           ("in_flight", ask number, [InFlight, ...])       the answer
+Anything else (a frame too long, not JSON or not a pickle, or a pickle of another class) is a
+`ChannelError`: the supervisor restarts that worker rather than guess.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
 import struct
-from typing import Any
 
-__all__ = ["encode", "receive"]
+from proxy.workers.messages import (
+    SCHEMA,
+    VERSION,
+    AskInFlight,
+    Hello,
+    InFlightAnswer,
+    Ready,
+    Records,
+    Start,
+    ToSupervisor,
+    ToWorker,
+)
+
+__all__ = ["ChannelError", "encode", "encode_hello", "mismatch", "receive", "receive_hello"]
 
 _HEADER = struct.Struct("!I")
+MAX_FRAME = 256 * 1024 * 1024  # bytes; a batch of records is a few MB at most
+MAX_HELLO = 4096
 
 
-def encode(message: tuple[Any, ...]) -> bytes:
+class ChannelError(Exception):
+    """A frame that is not a message of ours."""
+
+
+def encode(message: ToWorker | ToSupervisor) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
 
 
-async def receive(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
-    """The next message, or None when the other end closed."""
+def encode_hello(hello: Hello) -> bytes:
+    body = json.dumps({"taotrace": hello.version, "schema": hello.schema, "pid": hello.pid}).encode()
+    return _HEADER.pack(len(body)) + body
+
+
+async def _frame(reader: asyncio.StreamReader, limit: int) -> bytes | None:
     try:
         head = await reader.readexactly(_HEADER.size)
-        body = await reader.readexactly(_HEADER.unpack(head)[0])
+        size = _HEADER.unpack(head)[0]
+        if size > limit:
+            raise ChannelError(f"a frame of {size} bytes (at most {limit})")
+        return await reader.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
-    message = pickle.loads(body)
-    assert isinstance(message, tuple)
+
+
+async def receive(reader: asyncio.StreamReader) -> ToWorker | ToSupervisor | None:
+    """The next message, or None when the other end closed."""
+    body = await _frame(reader, MAX_FRAME)
+    if body is None:
+        return None
+    try:
+        message = pickle.loads(body)
+    except Exception as exc:  # pickle raises many kinds for bytes that are not one
+        raise ChannelError(f"not a message ({type(exc).__name__})") from exc
+    if not isinstance(message, (Start, AskInFlight, Ready, Records, InFlightAnswer)):  # ToWorker | ToSupervisor
+        raise ChannelError(f"not a message: a {type(message).__name__}")
     return message
+
+
+async def receive_hello(reader: asyncio.StreamReader) -> Hello | None:
+    """The worker's Hello, or None when it closed before it said one."""
+    body = await _frame(reader, MAX_HELLO)
+    if body is None:
+        return None
+    try:
+        said = json.loads(body)
+        return Hello(version=str(said["taotrace"]), schema=str(said["schema"]), pid=int(said["pid"]))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ChannelError(f"not a hello ({type(exc).__name__})") from None
+
+
+def mismatch(hello: Hello) -> str | None:
+    """Why a worker that said `hello` cannot join this supervisor's group; None when it can."""
+    if hello.version == VERSION and hello.schema == SCHEMA:
+        return None
+    return (
+        f"it runs taotrace {hello.version} (records {hello.schema}), this supervisor {VERSION} (records {SCHEMA}); "
+        "restart the whole group after an upgrade"
+    )

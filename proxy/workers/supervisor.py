@@ -1,9 +1,9 @@
 """`taotrace serve --workers N`: N serving processes on one port, one supervisor for the group.
 
-    supervisor: /metrics /healthz /readyz, the live view, spans and OTLP metrics, from every worker's records
-      │   one socketpair per worker: ("records", [RequestRecord...], {api: in flight}) ──┐
-      ├── worker 0  `python -m proxy.workers.worker`: the proxy on :PORT (SO_REUSEPORT) ─┤
-      └── worker 1  ...                                                                  ┘
+    supervisor: /metrics /healthz /readyz, the live view, spans and OTLP metrics (`Reporting`)
+      │   one socketpair per worker: Hello, Start, then Records(records, in flight, dropped, sink errors) ─┐
+      ├── worker 0  `python -m proxy.workers.worker`: the proxy on :PORT (SO_REUSEPORT) ──────┤
+      └── worker 1  ...                                                                       ┘
 
 The supervisor binds the proxy port first, with SO_REUSEPORT and without listening: that
 resolves port 0, fails early when the port is taken, and holds the port across worker
@@ -20,10 +20,17 @@ are recorded and exported here too, once for the group. So the GIL a serving loo
 never held by span building, OTLP encoding or metric export (`--telemetry-process` runs one
 worker this way).
 
+The channel (channel.py, messages.py): a worker says Hello with its version and is refused,
+with a log line, unless it runs this supervisor's very code (an in-place upgrade restarts
+workers from new code under the old supervisor); its messages are bounded in the worker
+(`taotrace_records_dropped_total` counts what a lagging supervisor never got).
+
 A worker that dies is logged and started again (`taotrace_worker_restarts_total`); the other
-workers' streams are untouched, the dead one's connections are cut by the kernel. SIGTERM or
-SIGINT: /readyz turns 503 and every worker drains within `--drain-seconds`; a second signal
-cuts them at once.
+workers' streams are untouched, the dead one's connections are cut by the kernel. Its requests
+in flight, as its last report counted them, are counted as `error_type="worker_lost"`: the
+in-flight counts ride on the messages that carry records, and are sent at least every 0.25 s
+while they change, so no message per request start is added. SIGTERM or SIGINT: /readyz turns
+503 and every worker drains within `--drain-seconds`; a second signal cuts them at once.
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -41,45 +47,37 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
-from pydantic import SecretStr
 
-from proxy.app import create_metrics_app
+from proxy.accounting.config import Accounting, accounting_from
 from proxy.inflight import InFlight
 from proxy.lifecycle import Shutdown
-from proxy.listen import bind
-from proxy.protocol import GuardedAppRunner
+from proxy.listen import bind, http_url
+from proxy.logs.ratelimited import RateLimitedLog
 from proxy.record import RequestRecord
-from proxy.serve import (
-    HURRIED_SHUTDOWN_SECONDS,
-    TRACE_SHUTDOWN_SECONDS,
-    announce,
-    genai_metrics_for,
-    metrics_for,
-    telemetry_for,
-)
+from proxy.reporting import Reporting
 from proxy.settings import Settings
+from proxy.sinks import Named, Sinks
 from proxy.telemetry import sdk_internals
-from proxy.telemetry.collector_log import collector_warnings
-from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metrics import Metrics
-from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
-from proxy.ui import LiveView
-from proxy.workers.channel import encode, receive
+from proxy.telemetry.spans import Telemetry
+from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
+from proxy.workers.messages import AskInFlight, InFlightAnswer, Ready, Records, Start, ToSupervisor, ToWorker
 
-__all__ = ["Group", "instance_id", "serve_group", "supervising"]
+__all__ = ["CHANNEL_BOUND", "Group", "instance_id", "supervising"]
 
 log = logging.getLogger("taotrace")
 KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker that will not exit is killed
 CRASH_WINDOW = 2.0  # a worker that dies sooner than this after starting is restarted with a growing delay
 MAX_BACKOFF = 10.0
 ASK_TIMEOUT = 0.5  # seconds the live view waits for a worker to say what it has in flight
+# Bytes of messages a worker holds for a supervisor that does not read them fast enough before it
+# drops records: at ~2 KB a record, some 8,000 records, seconds of a busy worker's traffic.
+CHANNEL_BOUND = 16 * 1024 * 1024
 
 
 def instance_id(index: int, base: Mapping[str, str]) -> str:
@@ -101,6 +99,8 @@ class _Worker:
     started: float = 0.0
     writer: asyncio.StreamWriter | None = None  # to the process in the slot now
     asks: dict[int, asyncio.Future[list[InFlight]]] = field(default_factory=dict)  # the live view's questions
+    dropped: int = 0  # records the process in the slot says it dropped, as counted so far
+    sink_errors: dict[str, float] = field(default_factory=dict)  # its sinks' failures, as counted so far
 
 
 @dataclass
@@ -143,51 +143,64 @@ class _Supervisor:
         self,
         settings: Settings,
         group: Group,
-        observers: Sequence[Callable[[RequestRecord], None]],
+        observers: Sequence[Named[RequestRecord]],
         env: Mapping[str, str],
         command: Sequence[str],
         telemetry: Telemetry,
+        channel_bound: int = CHANNEL_BOUND,
     ) -> None:
         self.settings = settings
+        self.channel_bound = channel_bound
         self.group = group
-        self.observers = tuple(observers)
         self.telemetry = telemetry
+        # The group's records fan out as one process's do (`proxy/sinks.py`): the metrics, then
+        # each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}.
+        self.sinks: Sinks[RequestRecord] = Sinks(
+            [Named("metrics", group.metrics.record), *observers],
+            group.metrics.sink_errors,
+            RateLimitedLog(log),
+            more=("spans",),
+        )
         # Workers ship their spans' starts only when spans leave from here.
         self.ship_spans = bool(sdk_internals.span_processors(telemetry.tracer))
         self.env = env
         self.command = tuple(command)
         self._asked = 0
 
-    def _apply(self, worker: _Worker, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "ready":
-            worker.ready = True
-            return
-        if kind == "in_flight":
-            asked = worker.asks.pop(message[1], None)
+    def _apply(self, worker: _Worker, message: ToSupervisor | ToWorker) -> None:
+        if isinstance(message, Records):
+            self._records(worker, message)
+        elif isinstance(message, InFlightAnswer):
+            asked = worker.asks.pop(message.ask, None)
             if asked is not None and not asked.done():
-                asked.set_result(message[2])
-            return
-        if kind != "records":
-            return
-        _, records, in_flight = message
+                asked.set_result(message.requests)
+        elif isinstance(message, Ready):
+            worker.ready = True
+        else:
+            raise ChannelError(f"a {type(message).__name__} from a worker")
+
+    def _records(self, worker: _Worker, message: Records) -> None:
         metrics, replay = self.group.metrics, self.telemetry.replay
-        for rec in records:
+        if message.dropped > worker.dropped:
+            metrics.records_dropped.labels().inc(message.dropped - worker.dropped)
+            worker.dropped = message.dropped
+        if message.sink_errors != worker.sink_errors:
+            for sink, count in message.sink_errors.items():
+                more = count - worker.sink_errors.get(sink, 0.0)
+                if more > 0:
+                    metrics.sink_errors.labels(sink).inc(more)
+            worker.sink_errors = dict(message.sink_errors)
+        for rec in message.records:
             if rec.span is not None:
                 try:
                     replay(rec, worker.resource)
-                except Exception:  # telemetry never stops the group's metrics
-                    log.exception("could not export a worker's request span")
+                except Exception as exc:  # noqa: BLE001 - telemetry never stops the group's metrics
+                    self.sinks.failed("spans", exc)
                 # Observers (the live view's ring) get what they get in one process.
                 rec = dataclasses.replace(rec, span=None)
-            try:
-                metrics.record(rec)
-                for observe in self.observers:
-                    observe(rec)
-            except Exception:  # one bad record must not stop the group's metrics
-                log.exception("could not record a worker's request")
-        if in_flight != worker.in_flight:
-            worker.in_flight = in_flight
+            self.sinks(rec)
+        if message.in_flight != worker.in_flight:
+            worker.in_flight = message.in_flight
             self._sum_in_flight()
 
     async def running(self, want: str | None = None) -> list[InFlight]:
@@ -205,7 +218,7 @@ class _Supervisor:
                 continue
             self._asked += 1
             w.asks[self._asked] = future = loop.create_future()
-            w.writer.write(encode(("in_flight?", self._asked, want)))
+            w.writer.write(encode(AskInFlight(self._asked, want)))
             asked.append((w, self._asked, future))
         if not asked:
             return []
@@ -230,6 +243,37 @@ class _Supervisor:
         for key, n in totals.items():
             gauge.labels(*key).set(n)
 
+    async def _talk(self, worker: _Worker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The channel to the worker in the slot, from its Hello until it closes."""
+        assert worker.proc is not None
+        hello = await receive_hello(reader)
+        if hello is None:
+            return  # it exited before it said anything
+        refused = mismatch(hello)
+        if refused is not None:  # its pickles would not mean what ours do: it never gets to send one
+            log.error("worker %d (pid %d) refused: %s", worker.index, worker.proc.pid, refused)
+            with contextlib.suppress(ProcessLookupError):
+                worker.proc.kill()
+            return
+        worker.writer = writer
+        settings = self.settings.model_dump()
+        writer.write(encode(Start(settings, worker.index, self.ship_spans, self.channel_bound)))
+        while (message := await receive(reader)) is not None:
+            self._apply(worker, message)
+
+    def _count_lost(self, worker: _Worker) -> None:
+        """A worker gone with requests in flight (as it last reported them): `worker_lost`."""
+        lost = {key: int(n) for key, n in worker.in_flight.items() if n >= 1}
+        if not lost:
+            return
+        for (upstream, api), n in lost.items():
+            self.group.metrics.record_lost(upstream, api, n)
+        pid = worker.proc.pid if worker.proc is not None else 0
+        log.warning(
+            "worker %d (pid %d) ended with %d requests in flight: counted as error_type worker_lost",
+            worker.index, pid, sum(lost.values()),
+        )  # fmt: skip
+
     async def run_slot(self, worker: _Worker) -> None:
         """Start the slot's worker, apply what it sends, and start it again if it dies."""
         failures = 0
@@ -248,11 +292,8 @@ class _Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     worker.proc.send_signal(signal.SIGTERM)
             reader, writer = await asyncio.open_connection(sock=parent)
-            worker.writer = writer
-            writer.write(encode(("start", self.settings.model_dump(), worker.index, self.ship_spans)))
             try:
-                while (message := await receive(reader)) is not None:
-                    self._apply(worker, message)
+                await self._talk(worker, reader, writer)
             except Exception:  # a message we cannot read: restart that worker rather than lose its slot
                 log.exception("worker %d sent a message the supervisor cannot read; restarting it", worker.index)
                 with contextlib.suppress(ProcessLookupError):
@@ -264,7 +305,10 @@ class _Supervisor:
                 asked.cancel()
             worker.asks.clear()
             worker.ready = False
+            self._count_lost(worker)
             worker.in_flight = {}
+            worker.dropped = 0
+            worker.sink_errors = {}
             self._sum_in_flight()
             if self.group.stopping:
                 return
@@ -288,6 +332,8 @@ async def supervising(
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
+    accounting: Accounting | None = None,
+    channel_bound: int = CHANNEL_BOUND,
     shutdown: Shutdown | None = None,
 ) -> AsyncIterator[Group]:
     """Start `settings.workers` workers and the group's metrics port; drain them all on exit.
@@ -295,7 +341,9 @@ async def supervising(
     Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
     `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it.
     `tracer_provider` / `meter_provider`: where the group's spans and OTLP metrics go (by
-    default, built from `env`'s `OTEL_*`); one passed in is not shut down.
+    default, built from `env`'s `OTEL_*`); one passed in is not shut down. `accounting`: the one
+    built when the settings were checked (by default, built here); its key salt is the group's.
+    `channel_bound`: bytes of messages each worker holds for this supervisor before it drops records.
     `shutdown`: the signals, heard from the start: a first one ends the wait for the workers
     (a worker that never gets ready must not make Ctrl-C wait for `ready_timeout`), a second
     cuts the drain at once."""
@@ -311,83 +359,27 @@ async def supervising(
         metrics_socks = bind(
             settings.metrics_host, settings.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host"
         )
-        async with _supervised(
-            settings, reserved[0].getsockname()[:2], metrics_socks, on_record=on_record, registry=registry, env=env,
-            ready_timeout=ready_timeout, worker_command=worker_command, tracer_provider=tracer_provider,
-            meter_provider=meter_provider, shutdown=shutdown,
-        ) as group:  # fmt: skip
-            yield group
-    finally:
-        for sock in reserved + metrics_socks:
-            sock.close()
-
-
-@contextlib.asynccontextmanager
-async def _supervised(
-    settings: Settings,
-    address: tuple[str, int],
-    metrics_socks: Sequence[socket.socket],
-    *,
-    on_record: Callable[[RequestRecord], None] | None,
-    registry: CollectorRegistry | None,
-    env: Mapping[str, str],
-    ready_timeout: float,
-    worker_command: Sequence[str],
-    tracer_provider: trace.TracerProvider | None,
-    meter_provider: MeterProvider | None,
-    shutdown: Shutdown | None,
-) -> AsyncIterator[Group]:
-    """`supervising`, with the proxy port held at `address` and the metrics port bound."""
-    host, port = address
-    # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
-    salt = settings.key_salt if settings.key_salt is not None else SecretStr(secrets.token_hex(32))
-    worker_settings = settings.model_copy(update={"port": port, "key_salt": salt})
-    metrics = metrics_for(settings, registry)
-    provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
-    meters = build_meter_provider(env) if meter_provider is None else meter_provider
-    telemetry = telemetry_for(settings, provider, env=env)  # replay() only: the workers start spans and sample
-    base = getattr(telemetry.tracer, "resource", None)
-    workers = []
-    for i in range(settings.workers):
-        instance = Resource({"service.instance.id": instance_id(i, env)})
-        workers.append(_Worker(i, base.merge(instance) if isinstance(base, Resource) else None))
-    host_part = f"[{host}]" if ":" in host else host
-    group = Group(f"http://{host_part}:{port}", "", metrics, workers)
-    observers: list[Callable[[RequestRecord], None]] = [] if on_record is None else [on_record]
-    genai = None
-    if meters is not None:  # the group's OTLP metrics, recorded and exported here, off the serving loops
-        genai = genai_metrics_for(settings, meters, metrics.models, env)
-        observers.append(genai)
-    live = None
-    if settings.ui:  # the group's live view, fed every worker's records
-        live = LiveView(
-            settings.ui_requests,
-            in_flight=lambda: int(sum(n for w in group.workers for n in w.in_flight.values())),
-            capture_content=settings.capture_content,
+        accounting = accounting_from(settings) if accounting is None else accounting
+        reporting = Reporting(
+            settings, accounting, on_record=on_record, registry=registry, tracer_provider=tracer_provider,
+            meter_provider=meter_provider, env=env,
+        )  # fmt: skip
+        host, port = reserved[0].getsockname()[:2]
+        group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.telemetry, env))
+        # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
+        worker_settings = settings.model_copy(update={"port": port, "key_salt": accounting.key_salt})
+        supervisor = _Supervisor(
+            worker_settings, group, reporting.observers, env, worker_command, reporting.telemetry, channel_bound
         )
-        observers.append(live.observe)
-    supervisor = _Supervisor(worker_settings, group, observers, env, worker_command, telemetry)
-    if live is not None:
-        live.active = supervisor.running  # what runs now, asked of the workers when the page polls
-    token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
-    runner = GuardedAppRunner(
-        create_metrics_app(
-            metrics.registry.render, group.readiness, live, ui_token=token, trace_url=settings.trace_url
-        ),
-        access_log=None,
-        shutdown_timeout=1.0,
-    )
-    await runner.setup()
-    slots: list[asyncio.Future[None]] = []
-    # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
-    exporting = tracer_provider is None or meter_provider is None
-    async with collector_warnings(env if exporting else {}, log):
+        slots: list[asyncio.Future[None]] = []
         try:
-            for sock in metrics_socks:
-                await web.SockSite(runner, sock).start()
-            mhost, mport = runner.addresses[0][:2]
-            group.metrics_url = f"http://[{mhost}]:{mport}" if ":" in mhost else f"http://{mhost}:{mport}"
-            group.metrics_addresses = tuple(str(a[0]) for a in runner.addresses)
+            await reporting.start(
+                metrics_socks,
+                readiness=group.readiness,
+                in_flight=lambda: int(sum(n for w in group.workers for n in w.in_flight.values())),
+                active=supervisor.running,  # what runs now, asked of the workers when the page polls
+            )
+            group.metrics_url, group.metrics_addresses = reporting.metrics_url, reporting.metrics_addresses
             slots += [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
             deadline = time.monotonic() + ready_timeout
             while group.readiness() != "ready" and time.monotonic() < deadline:
@@ -396,46 +388,41 @@ async def _supervised(
                 await asyncio.sleep(0.02)
             yield group
         finally:
-            group.draining = group.stopping = True
-            group.signal_all(signal.SIGTERM)
-            cutter = asyncio.ensure_future(_cut_on(shutdown.now, group)) if shutdown is not None else None
-            limit = settings.drain_seconds + KILL_GRACE
-            done, pending = await asyncio.wait(slots, timeout=limit) if slots else (set(), set())
-            if pending:
-                log.error("workers still running %.0fs after SIGTERM: killing them", limit)
-                group.signal_all(signal.SIGKILL)
-                await asyncio.wait(pending, timeout=5.0)
-            for task in done:
-                if not task.cancelled() and task.exception() is not None:
-                    log.error("worker slot failed", exc_info=task.exception())
-            if cutter is not None:
-                cutter.cancel()
-            await runner.cleanup()
-            wait = HURRIED_SHUTDOWN_SECONDS if group.hurried else TRACE_SHUTDOWN_SECONDS
-            if genai is not None:
-                await asyncio.to_thread(genai.stop, wait)  # what is queued gets recorded
-            flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
-            if meter_provider is None and meters is not None:
-                flushes.append(asyncio.to_thread(shutdown_meter_provider, meters, wait))
-            if tracer_provider is None:
-                flushes.append(asyncio.to_thread(shutdown_tracer_provider, provider, wait))
-            await asyncio.gather(*flushes)
+            await _stop(group, slots, settings.drain_seconds + KILL_GRACE, None if shutdown is None else shutdown.now)
+            await reporting.close(hurried=group.hurried)
+    finally:
+        for sock in reserved + metrics_socks:
+            sock.close()
 
 
-async def serve_group(settings: Settings) -> None:
-    """`taotrace serve --workers N`: run the group until SIGTERM or SIGINT, then drain it."""
-    shutdown = Shutdown().install()
-    async with supervising(settings, shutdown=shutdown) as group:
-        workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
-        if not shutdown.requested.is_set():  # a Ctrl-C while the workers started: straight to the drain
-            pids = " ".join(map(str, group.pids()))
-            processes = f"({workers}, pids {pids}; spans, /metrics and the live view in pid {os.getpid()})"
-            announce(
-                settings, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui,
-                processes=processes,
-            )  # fmt: skip
-        await shutdown.wait()
-        log.info("draining %s: up to %gs; a second Ctrl-C or SIGTERM cuts them now", workers, settings.drain_seconds)
+def _slots(workers: int, telemetry: Telemetry, env: Mapping[str, str]) -> list[_Worker]:
+    """The group's slots; each worker's spans leave under the group's resource with its own instance id."""
+    base = getattr(telemetry.tracer, "resource", None)
+    return [
+        _Worker(
+            i,
+            base.merge(Resource({"service.instance.id": instance_id(i, env)})) if isinstance(base, Resource) else None,
+        )
+        for i in range(workers)
+    ]
+
+
+async def _stop(group: Group, slots: Sequence[asyncio.Future[None]], limit: float, now: asyncio.Event | None) -> None:
+    """SIGTERM to every worker (each drains), SIGKILL to those still running after `limit`
+    seconds; once `now` is set (a second signal), every worker cuts its streams at once."""
+    group.draining = group.stopping = True
+    group.signal_all(signal.SIGTERM)
+    cutter = asyncio.ensure_future(_cut_on(now, group)) if now is not None else None
+    done, pending = await asyncio.wait(slots, timeout=limit) if slots else (set(), set())
+    if pending:
+        log.error("workers still running %.0fs after SIGTERM: killing them", limit)
+        group.signal_all(signal.SIGKILL)
+        await asyncio.wait(pending, timeout=5.0)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker slot failed", exc_info=task.exception())
+    if cutter is not None:
+        cutter.cancel()
 
 
 async def _cut_on(now: asyncio.Event, group: Group) -> None:

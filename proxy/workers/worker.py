@@ -1,8 +1,11 @@
 """One serving process of `taotrace serve --workers N`: `python -m proxy.workers.worker FD`.
 
-It runs the single-process proxy (`proxy.serve.running`) on the shared port (SO_REUSEPORT) with
-a `Shipper` in place of local metrics: finished records and the in-flight counts go to the
-supervisor, which aggregates them and serves /metrics. A worker never renders exposition text.
+It says Hello to the supervisor on the socket FD (its version: a supervisor of other code refuses
+it), is told how to serve (`Start`), then runs the proxy port (`proxy.serving`) on the shared
+port (SO_REUSEPORT) with a `Shipper` in place of local metrics: finished records and the
+in-flight counts go to the supervisor, which aggregates them and serves /metrics. A worker never
+renders exposition text, and never blocks on the supervisor: what it cannot send is bounded
+(`Start.max_buffered`), and past that it drops records and says how many.
 
 It stops on SIGTERM (drain, as one process does; a second SIGTERM cuts), and also when the
 supervisor goes away (its end of the socket closes), so a killed supervisor leaves no orphans.
@@ -21,13 +24,19 @@ import socket
 import sys
 from contextlib import suppress
 
+from proxy.accounting.config import accounting_from
+from proxy.app import ServerState
 from proxy.inflight import InFlightRequests
-from proxy.lifecycle import Shutdown, run_loop
+from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop
+from proxy.listen import bind
 from proxy.record import RequestRecord
-from proxy.serve import LOOP_SWITCH_INTERVAL, configure_logging, running
+from proxy.reporting import telemetry_for
+from proxy.serving import serving
 from proxy.settings import Settings
 from proxy.telemetry.exposition import Counter, Gauge, Registry
-from proxy.workers.channel import encode, receive
+from proxy.telemetry.spans import build_tracer_provider
+from proxy.workers.channel import encode, encode_hello, receive
+from proxy.workers.messages import SCHEMA, VERSION, AskInFlight, Hello, InFlightAnswer, Ready, Records, Start
 
 __all__ = ["Shipper", "main"]
 
@@ -36,23 +45,32 @@ GAUGE_PERIOD = 0.25  # seconds: in-flight counts reach the supervisor this often
 # Records wait this long to travel together: pickling one alone cost 17-23 us, in a batch of 32
 # 9-12 us per record (its classes are written once per message).
 BATCH_DELAY = 0.02
+FINAL_FLUSH_SECONDS = 2.0  # the last records at exit wait this long at most for the supervisor to read
 
 
 class Shipper:
     """The worker's `Recorder`: records are batched (`BATCH_DELAY`) and written to the
-    supervisor; the in-flight gauge is kept locally and sent as absolute counts."""
+    supervisor; the in-flight gauge is kept locally and sent as absolute counts.
+
+    Never blocks and never grows without bound: while `max_buffered` bytes or more wait unsent
+    (a supervisor that stopped reading), a batch is dropped instead, and `dropped` counts its
+    records; the count travels with the next batch that is sent."""
 
     sink_name = "workers_ship"
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, max_buffered: int) -> None:
         self.writer = writer
+        self.max_buffered = max_buffered
         self.in_flight = Gauge(
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=Registry()
         )
-        # Counted and logged here; not sent to the supervisor's /metrics yet.
+        self.dropped = 0
+        # The Forwarder's sinks count their failures here; the counts travel to the supervisor.
         self.sink_errors = Counter("taotrace_sink_errors", "Sink failures.", ("sink",), registry=Registry())
         self._pending: list[RequestRecord] = []
         self._sent_gauge: dict[tuple[str, ...], float] = {}
+        self._sent_dropped = 0
+        self._sent_errors: dict[str, float] = {}
 
     def record(self, rec: RequestRecord) -> None:
         if not self._pending:
@@ -62,14 +80,30 @@ class Shipper:
     def _gauge(self) -> dict[tuple[str, ...], float]:
         return {key: child.value for key, child in list(self.in_flight.children.items())}
 
+    def buffered(self) -> int:
+        """Bytes written and not yet taken by the socket."""
+        return self.writer.transport.get_write_buffer_size()
+
+    def _errors(self) -> dict[str, float]:
+        return {key[0]: child.value for key, child in list(self.sink_errors.children.items()) if child.value}
+
     def flush(self) -> None:
         records, self._pending = self._pending, []
-        gauge = self._gauge()
-        if not records and gauge == self._sent_gauge:
+        gauge, errors = self._gauge(), self._errors()
+        if (
+            not records
+            and gauge == self._sent_gauge
+            and self.dropped == self._sent_dropped
+            and errors == self._sent_errors
+        ):
             return
-        self._sent_gauge = gauge
-        if not self.writer.is_closing():
-            self.writer.write(encode(("records", records, gauge)))
+        if self.writer.is_closing():
+            return
+        if self.buffered() >= self.max_buffered:
+            self.dropped += len(records)  # the gauge and the count go with the next batch that fits
+            return
+        self._sent_gauge, self._sent_dropped, self._sent_errors = gauge, self.dropped, errors
+        self.writer.write(encode(Records(records, gauge, self.dropped, errors)))
 
     async def keep_gauge_fresh(self) -> None:
         """In-flight counts change when requests start, not only when they end."""
@@ -78,41 +112,57 @@ class Shipper:
             self.flush()
 
 
-async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: InFlightRequests) -> None:
+async def _answer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: InFlightRequests, shipper: Shipper
+) -> None:
     """Answer the supervisor's questions until it goes away: what is in flight (the live view)."""
     while (message := await receive(reader)) is not None:
-        if message[0] == "in_flight?" and not writer.is_closing():
-            writer.write(encode(("in_flight", message[1], requests.snapshot(message[2]))))
+        # An answer the supervisor would not read in time (it waits 0.5 s) is not queued either.
+        if isinstance(message, AskInFlight) and not writer.is_closing() and shipper.buffered() < shipper.max_buffered:
+            writer.write(encode(InFlightAnswer(message.ask, requests.snapshot(message.want))))
 
 
 async def _serve(sock: socket.socket) -> None:
     reader, writer = await asyncio.open_connection(sock=sock)
-    hello = await receive(reader)
-    if hello is None or hello[0] != "start":
-        return  # the supervisor went away before it said anything
-    settings = Settings(**hello[1])
-    index, ship_spans = hello[2], hello[3]
+    writer.write(encode_hello(Hello(VERSION, SCHEMA, os.getpid())))
+    start = await receive(reader)
+    if not isinstance(start, Start):
+        return  # refused, or the supervisor went away before it said anything
+    settings = Settings(**start.settings)
     configure_logging(settings.log_level)
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
-    shipper = Shipper(writer)
+    # The group's port, bound by each worker with SO_REUSEPORT (the supervisor holds it too).
+    socks = bind(settings.host, settings.port, port_flag="--port", host_flag="--host", backlog=2048, reuse_port=True)
+    shipper = Shipper(writer, start.max_buffered)
     shutdown = Shutdown().install()  # first signal: drain; second: cut (as one process)
     gauge = asyncio.ensure_future(shipper.keep_gauge_fresh())
     try:
-        async with running(settings, recorder=shipper, stop_now=shutdown.now, ship_spans=ship_spans) as srv:
+        accounting = accounting_from(settings)  # the group's salt is in the settings
+        # Spans are started here (ids, sampling, traceparent) and finished by the supervisor, or not at all.
+        telemetry = telemetry_for(settings, build_tracer_provider(export=False), ship=start.ship_spans)
+        state = ServerState()
+        async with serving(
+            settings, socks, state, telemetry=telemetry, recorder=shipper, observers=(), accounting=accounting,
+            stop_now=shutdown.now,
+        ) as url:  # fmt: skip
             gc.freeze()  # as serve(): start-up objects out of the collector's reach
-            writer.write(encode(("ready",)))
-            log.debug("worker %d (pid %d) serving on %s", index, os.getpid(), srv.proxy_url)
-            orphaned = asyncio.ensure_future(_answer(reader, writer, srv.state.requests))  # ends with the supervisor
+            writer.write(encode(Ready()))
+            log.debug("worker %d (pid %d) serving on %s", start.index, os.getpid(), url)
+            orphaned = asyncio.ensure_future(
+                _answer(reader, writer, state.requests, shipper)
+            )  # ends with the supervisor
             stopped = asyncio.ensure_future(shutdown.wait())
             await asyncio.wait((orphaned, stopped), return_when=asyncio.FIRST_COMPLETED)
             if orphaned.done():
-                log.warning("worker %d: the supervisor is gone; draining", index)
+                log.warning("worker %d: the supervisor is gone; draining", start.index)
             stopped.cancel()
     finally:
+        for s in socks:
+            s.close()
         gauge.cancel()
         shipper.flush()
-        with suppress(ConnectionError):
-            await writer.drain()
+        with suppress(ConnectionError, asyncio.TimeoutError):
+            await asyncio.wait_for(writer.drain(), FINAL_FLUSH_SECONDS)  # a stopped supervisor never reads
         writer.close()
 
 

@@ -1,0 +1,194 @@
+"""The reporting side of a start, built once: one process's, or a group's supervisor's.
+
+    Reporting(settings, accounting)
+      metrics      the `taotrace_*` families on their registry
+      telemetry    spans: started and finished here (one process) or replayed from workers' records
+      observers    fed every finished record: the caller's, the OTLP GenAI metrics, the live view
+      start(...)   the metrics port: /metrics /healthz /readyz and the live view
+      close(hurried)  the metrics port stops, queued GenAI metrics are recorded, spans and OTLP
+                      metrics flush (both at once, each bounded; `hurried`: a second signal came)
+
+One process and a group differ only in what the metrics port asks about (`start`): readiness,
+the number of requests in flight, and what they are. Providers and a registry passed in belong
+to the caller and are not shut down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+
+from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry
+
+from proxy.accounting.config import Accounting, label_name
+from proxy.app import create_metrics_app, upstream_url
+from proxy.listen import http_url
+from proxy.protocol import GuardedAppRunner
+from proxy.record import RequestRecord
+from proxy.routes import routes_for
+from proxy.settings import Settings, parse_thresholds
+from proxy.sinks import Named
+from proxy.telemetry.collector_log import collector_warnings
+from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
+from proxy.telemetry.metrics import Metrics, ModelLabels
+from proxy.telemetry.sampling import OutcomeSampling
+from proxy.telemetry.semconv import Conventions
+from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
+from proxy.ui import LiveView
+from proxy.ui.live import Active
+
+__all__ = [
+    "HURRIED_SHUTDOWN_SECONDS", "TRACE_SHUTDOWN_SECONDS", "Reporting", "genai_metrics_for", "metrics_for",
+    "telemetry_for",
+]  # fmt: skip
+
+log = logging.getLogger("taotrace")
+# The last span flush at exit. A healthy collector takes milliseconds; a dead one gets 2 s, so
+# exit comes within drain_seconds + ~2.1 s even when streams run to the deadline (3 s made 5.05 s).
+TRACE_SHUTDOWN_SECONDS = 2.0
+HURRIED_SHUTDOWN_SECONDS = 0.5  # the same after a second signal: cut now means now
+
+
+def metrics_for(settings: Settings, accounting: Accounting, registry: CollectorRegistry | None) -> Metrics:
+    """The `taotrace_*` families these settings ask for."""
+    return Metrics(
+        registry,
+        ModelLabels(frozenset(settings.model_allowlist), settings.max_models),
+        attribute_labels=[(name, label_name(name)) for name in accounting.metric_labels],
+        attribute_label_values=accounting.metric_label_values,
+    )
+
+
+def telemetry_for(
+    settings: Settings, provider: trace.TracerProvider, *, ship: bool = False, env: Mapping[str, str] | None = None
+) -> Telemetry:
+    """The spans these settings ask for: started and finished in one process, started only
+    (`ship`: a worker), or, in a group's supervisor, finished from what workers ship (`replay`).
+    `env`: where `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the process environment)."""
+    upstream = upstream_url(settings.upstream)
+    slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
+    return Telemetry(
+        provider,
+        upstream_host=upstream.host or "",
+        upstream_port=upstream.port or 0,
+        upstream_base=str(upstream).rstrip("/"),
+        capture_content=settings.capture_content,
+        sampling=OutcomeSampling(
+            ratio=settings.sample_ratio,
+            keep_errors=settings.keep_errors,
+            ttft_over=slow_ttft,
+            duration_over=slow_duration,
+        ),
+        ship=ship,
+        parent=settings.parent,
+        conventions=Conventions.from_env(os.environ if env is None else env),
+    )
+
+
+def genai_metrics_for(
+    settings: Settings, meters: MeterProvider, models: ModelLabels, env: Mapping[str, str] | None = None
+) -> GenAIMetrics:
+    """The OTLP GenAI metrics observer; `server.*` per route; the convention names
+    `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for."""
+    upstream = upstream_url(settings.upstream)
+    return GenAIMetrics(
+        meters,
+        server_address=upstream.host or "",
+        server_port=upstream.port or 0,
+        models=models,
+        upstreams={r.name: (r.host, r.port) for r in routes_for(settings.upstream, settings.routes)},
+        conventions=Conventions.from_env(os.environ if env is None else env),
+    )
+
+
+class Reporting:
+    """Metrics, spans, GenAI metrics and the live view of one start, and the port that serves them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        accounting: Accounting,
+        *,
+        on_record: Callable[[RequestRecord], None] | None = None,
+        registry: CollectorRegistry | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        env: Mapping[str, str] = os.environ,
+    ) -> None:
+        """`tracer_provider` / `meter_provider`: where spans and OTLP metrics go; by default
+        built from `env`'s `OTEL_*` (OTLP metrics: none unless `OTEL_METRICS_EXPORTER` asks)."""
+        self.settings = settings
+        self.registry = CollectorRegistry() if registry is None else registry
+        self.metrics = metrics_for(settings, accounting, self.registry)
+        self._own_provider = tracer_provider is None
+        self.provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
+        self._own_meters = meter_provider is None
+        self.meters = build_meter_provider(env) if meter_provider is None else meter_provider
+        self.telemetry = telemetry_for(settings, self.provider, env=env)
+        self._env = env
+        # Named: a sink that fails is counted under its name in taotrace_sink_errors_total{sink}.
+        observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]
+        self.genai: GenAIMetrics | None = None
+        if self.meters is not None:
+            self.genai = genai_metrics_for(settings, self.meters, self.metrics.models, env)
+            observers.append(Named("genai_metrics", self.genai))
+        self.live: LiveView | None = None
+        if settings.ui:
+            self.live = LiveView(settings.ui_requests, capture_content=settings.capture_content)
+            observers.append(Named("live_view", self.live.observe))
+        self.observers: tuple[Named[RequestRecord], ...] = tuple(observers)
+        self.metrics_url = ""
+        self.metrics_addresses: tuple[str, ...] = ()  # what the metrics port is bound to (is the live view exposed?)
+        self._runner: web.AppRunner | None = None
+        self._exit = AsyncExitStack()
+
+    async def start(
+        self,
+        socks: Sequence[socket.socket],
+        *,
+        readiness: Callable[[], str],
+        in_flight: Callable[[], int],
+        active: Active,
+    ) -> None:
+        """Serve the metrics port on `socks` (already bound): `readiness` for /readyz, and for the
+        live view the number of requests in flight and what they are."""
+        if self.live is not None:
+            self.live.in_flight, self.live.active = in_flight, active
+        token = self.settings.ui_token.get_secret_value() if self.settings.ui_token is not None else None
+        app = create_metrics_app(
+            self.metrics.registry.render, readiness, self.live, ui_token=token, trace_url=self.settings.trace_url
+        )
+        self._runner = GuardedAppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
+        exporting = self._own_provider or self._own_meters
+        await self._exit.enter_async_context(collector_warnings(self._env if exporting else {}, log))
+        for sock in socks:
+            await web.SockSite(self._runner, sock).start()
+        if socks:
+            self.metrics_url = http_url(*self._runner.addresses[0][:2])
+        self.metrics_addresses = tuple(str(address[0]) for address in self._runner.addresses)
+
+    async def close(self, hurried: bool) -> None:
+        """Stop the metrics port, then flush: within ~2 s with a dead collector, 0.5 s `hurried`."""
+        try:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            wait = HURRIED_SHUTDOWN_SECONDS if hurried else TRACE_SHUTDOWN_SECONDS
+            if self.genai is not None:
+                await asyncio.to_thread(self.genai.stop, wait)  # what is queued gets recorded
+            flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
+            if self._own_meters and self.meters is not None:
+                flushes.append(asyncio.to_thread(shutdown_meter_provider, self.meters, wait))
+            if self._own_provider:
+                flushes.append(asyncio.to_thread(shutdown_tracer_provider, self.provider, wait))
+            await asyncio.gather(*flushes)
+        finally:
+            await self._exit.aclose()

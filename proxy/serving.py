@@ -1,0 +1,102 @@
+"""The proxy port of one serving process (the proxy alone, or one worker of a group), on
+sockets already bound, and the drain that ends it.
+
+Drain: /readyz turns 503 (`ServerState.draining`) and the proxy's listening socket closes at once
+(new connections are refused); requests in flight get `drain_seconds` to finish; any still
+running are cancelled, which closes their client connections mid-body (cut, never cleanly
+truncated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from proxy.accounting.config import Accounting
+from proxy.app import ServerState, create_proxy_app
+from proxy.dialects import DIALECTS, Dialects
+from proxy.lifecycle import Drained, drain
+from proxy.listen import http_url
+from proxy.protocol import GuardedAppRunner
+from proxy.record import RequestRecord
+from proxy.settings import Settings
+from proxy.sinks import Named
+from proxy.telemetry.accesslog import AccessLog
+from proxy.telemetry.metrics import Recorder
+from proxy.telemetry.spans import Telemetry
+
+__all__ = ["serving"]
+
+log = logging.getLogger("taotrace")
+
+
+async def _drain(runner: web.AppRunner, state: ServerState, deadline: float, now: asyncio.Event | None) -> Drained:
+    """Refuse new connections at once, let requests in flight run until the deadline (or until
+    `now` is set: a second signal), then cancel the rest (their clients see the connection cut,
+    never a clean end). aiohttp's own shutdown is not enough: it waits `shutdown_timeout`, then
+    cancels only the request's body reader and waits `shutdown_timeout` again, so a stream could
+    run for twice the deadline."""
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        runner.server.pre_shutdown()  # idle keep-alive connections: closed, so they bring no new requests
+    return await drain(state.in_flight, deadline, now)
+
+
+@asynccontextmanager
+async def serving(
+    settings: Settings,
+    socks: Sequence[socket.socket],
+    state: ServerState,
+    *,
+    telemetry: Telemetry,
+    recorder: Recorder,
+    observers: Sequence[Named[RequestRecord]],
+    accounting: Accounting,
+    stop_now: asyncio.Event | None = None,
+    dialects: Dialects = DIALECTS,
+    mirror_dropped: Callable[[str], None] = lambda reason: None,
+) -> AsyncIterator[str]:
+    """Forward on `socks` until the block ends, then drain; yields the proxy's URL.
+
+    `recorder` takes each finished request (`Metrics`, or a worker's shipper to its supervisor),
+    `observers` too (with --access-log, the access log is added here: each serving process logs
+    its own requests). `stop_now`: once set (a second signal), the drain cuts what runs at once.
+    `dialects`: the APIs whose requests and answers are read; `mirror_dropped(reason)` counts the
+    `--mirror` copies a cap refused (one process only: a group refuses --mirror at start)."""
+    observers = list(observers)
+    if settings.access_log:
+        observers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))
+    runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
+        create_proxy_app(
+            settings,
+            telemetry,
+            recorder,
+            state,
+            observers,
+            accounting,
+            mirror_dropped=mirror_dropped,
+            dialects=dialects,
+        ),  # fmt: skip
+        handler_cancellation=True,  # a client that leaves cancels its upstream call
+        access_log=None,  # aiohttp's access log prints query strings (`?key=`)
+        shutdown_timeout=settings.drain_seconds,
+        # aiohttp's default (3630 s) let a client hold a connection for an hour by sending half a
+        # request head (slowloris); this bounds idle and unfinished connections alike.
+        keepalive_timeout=settings.client_keepalive,
+    )
+    await runner.setup()
+    try:
+        for sock in socks:
+            await web.SockSite(runner, sock, backlog=2048).start()
+        yield http_url(*runner.addresses[0][:2])
+    finally:
+        state.draining = True
+        drained = await _drain(runner, state, settings.drain_seconds, stop_now)
+        log.info("drain done: %s", drained.describe(settings.drain_seconds))
+        await runner.cleanup()
