@@ -212,7 +212,7 @@ async def test_metric_labels_are_bounded_per_attribute(
 
 @pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
 async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
-    """Without --key-salt each process draws its own salt: the supervisor draws one for all its workers."""
+    """Without --key-salt one salt is drawn per start, and the supervisor hands it to every worker."""
     from proxy.workers.supervisor import supervising
     from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
@@ -228,8 +228,9 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
         ):  # fmt: skip
             await r.read()
 
+    accounting = accounting_from(settings)  # as `taotrace serve` builds it, once, when it checks the settings
     try:
-        async with supervising(settings, on_record=records.append) as group:
+        async with supervising(settings, on_record=records.append, accounting=accounting) as group:
             tasks = [asyncio.ensure_future(one()) for _ in range(12)]
             deadline = time.monotonic() + 10
             while not all(
@@ -244,7 +245,7 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
     finally:
         await upstream.close()
     ids = {dict(r.attributes)[KEY_ID] for r in records}
-    assert len(ids) == 1 and len(ids.pop()) == 12
+    assert ids == {accounting.attributor.key_id("sk-one-key")}  # the salt drawn at start is every worker's
 
 
 def test_cached_key_ids_equal_the_hmac_and_the_cache_holds_no_key() -> None:

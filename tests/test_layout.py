@@ -87,3 +87,59 @@ def test_importing_the_parsers_does_not_load_the_server_or_opentelemetry() -> No
     code = "import sys, proxy.sse, proxy.dialects; print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'proxy.serve', 'aiohttp.web'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (anywhere in it, lazily too); packages' lazy
+    attribute loaders (`proxy/__init__.py`) left out."""
+    modules: dict[str, Path] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = path.relative_to(PKG).with_suffix("").parts
+        modules[".".join(("proxy", *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
+
+    def module_of(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    return {m: {module_of(n) for n in _imports(p)} - {m, "proxy", ""} for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_serve_the_reporting_and_the_group_import_one_way() -> None:
+    """serve.py, the composition root, chooses one process or a group; nothing it builds on
+    imports it back (the supervisor once imported serve.py, which imported the supervisor)."""
+    ours = ("proxy.serve", "proxy.serving", "proxy.reporting", "proxy.workers")
+    bad = [c for c in _cycles(_import_graph()) if any(m.startswith(ours) for m in c)]
+    assert not bad, bad

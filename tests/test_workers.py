@@ -114,7 +114,9 @@ async def test_requests_spread_over_workers_and_metrics_sum(slow_upstream: FakeU
         assert samples[("taotrace_worker_restarts_total", ())] == 0
 
 
-async def test_kill_9_cuts_only_that_workers_streams_and_it_is_restarted(slow_upstream: FakeUpstream) -> None:
+async def test_kill_9_cuts_only_that_workers_streams_counts_them_lost_and_it_is_restarted(
+    slow_upstream: FakeUpstream,
+) -> None:
     async with supervising(settings(slow_upstream)) as group:
         tasks = [asyncio.ensure_future(stream(group.proxy_url)) for _ in range(16)]
 
@@ -140,7 +142,17 @@ async def test_kill_9_cuts_only_that_workers_streams_and_it_is_restarted(slow_up
             return group.readiness() == "ready" and victim.proc is not None and victim.proc.pid != old_pid
 
         await eventually(restarted)
-        assert (await scrape(group))[("taotrace_worker_restarts_total", ())] == 1
+        samples = await scrape(group)
+        assert samples[("taotrace_worker_restarts_total", ())] == 1
+        # The requests the dead worker had in flight are counted, as its last report had them.
+        lost = (
+            ("api", "chat_completions"),
+            ("error_type", "worker_lost"),
+            ("model", "unknown"),
+            ("status_code", "0"),
+            UP,
+        )
+        assert samples[("taotrace_requests_total", lost)] == on_victim == len(cut)
         assert await stream(group.proxy_url) == b"".join(SLOW)  # the group serves again
 
 
