@@ -136,8 +136,8 @@ async def test_a_worker_of_another_version_is_refused_and_the_group_serves_on(
     )
 
 
-# A worker command: the first process says it dropped records and has 3 requests in flight, then
-# dies; later ones serve nothing, quietly.
+# A worker command: the first process says it dropped records, that its sinks failed on some, and
+# that it has 3 requests in flight, then dies; later ones serve nothing, quietly.
 REPORTS_THEN_DIES = r"""
 import asyncio, os, socket, sys
 from proxy.workers.channel import encode, encode_hello, receive
@@ -155,8 +155,9 @@ async def main():
     writer.write(encode(Ready()))
     if first:
         busy = {("127.0.0.1", "chat_completions"): 2.0, ("127.0.0.1", "messages"): 1.0}
-        writer.write(encode(Records([], busy, 5)))
-        writer.write(encode(Records([], busy, 7)))  # counts since it started: 7 in all, not 12
+        writer.write(encode(Records([], busy, 5, {"spans": 1.0})))
+        # Counts since it started: 7 drops in all, not 12; 3 span and 2 shipping failures.
+        writer.write(encode(Records([], busy, 7, {"spans": 3.0, "workers_ship": 2.0})))
         await writer.drain()
         await asyncio.sleep(0.3)
         os._exit(1)
@@ -166,7 +167,7 @@ asyncio.run(main())
 """
 
 
-async def test_the_supervisor_counts_drops_and_a_dead_workers_requests_in_flight(tmp_path: Path) -> None:
+async def test_the_supervisor_counts_drops_sink_errors_and_a_dead_workers_requests_in_flight(tmp_path: Path) -> None:
     settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1)
     command = (sys.executable, "-c", REPORTS_THEN_DIES, str(tmp_path / "first"))
     async with supervising(settings, worker_command=command) as group:
@@ -177,6 +178,9 @@ async def test_the_supervisor_counts_drops_and_a_dead_workers_requests_in_flight
         await eventually(restarted)
         samples = await scrape(group)
     assert samples[("taotrace_records_dropped_total", ())] == 7
+    assert samples[("taotrace_sink_errors_total", (("sink", "spans"),))] == 3
+    assert samples[("taotrace_sink_errors_total", (("sink", "workers_ship"),))] == 2
+    assert samples[("taotrace_sink_errors_total", (("sink", "live_view"),))] == 0  # the supervisor's own, from 0
     lost = {
         dict(labels)["api"]: (dict(labels)["model"], dict(labels)["status_code"], n)
         for (name, labels), n in samples.items()
