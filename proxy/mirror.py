@@ -5,6 +5,7 @@ A request is mirrored when its path ends with one of `--mirror-paths` (by defaul
 Responses and messages APIs), a coin with `--mirror-ratio` says yes, fewer than
 `--mirror-max-per-minute` copies left in the last 60 s, and fewer than `--mirror-concurrency`
 copies are running. The last two refusals are counted (`taotrace_mirror_dropped_total{reason}`).
+In a group (`--workers`), each worker decides alone, on its share of both caps (`worker_share`).
 
 The copy is the same body with headers from an allow-list only: never the client's
 `Authorization`, `x-api-key`, `Cookie` or any other credential; the mirror's own key (from the
@@ -23,7 +24,15 @@ from multidict import CIMultiDict
 
 from proxy.settings import DEFAULT_MIRROR_PATHS
 
-__all__ = ["DEFAULT_MIRROR_PATHS", "MIRRORED_HEADERS", "MirrorPolicy", "describe", "mirror_headers", "new_pair_id"]
+__all__ = [
+    "DEFAULT_MIRROR_PATHS",
+    "MIRRORED_HEADERS",
+    "MirrorPolicy",
+    "describe",
+    "mirror_headers",
+    "new_pair_id",
+    "worker_share",
+]
 
 # What a copy may carry of the client's headers: the body's type and the API's version switches.
 MIRRORED_HEADERS = frozenset(
@@ -37,6 +46,12 @@ Clock = Callable[[], float]
 def new_pair_id() -> str:
     """16 hex characters: the id both records of a pair carry."""
     return secrets.token_hex(8)
+
+
+def worker_share(cap: int, index: int, workers: int) -> int:
+    """Worker `index`'s share of a group's cap: the cap divided by the workers, the remainder
+    to the first ones; at least 1, so a cap below the worker count lets each worker one."""
+    return max(1, cap // workers + (1 if index < cap % workers else 0))
 
 
 def mirror_headers(client: Iterable[tuple[str, str]], key: str | None) -> CIMultiDict[str]:
@@ -104,11 +119,22 @@ class MirrorPolicy:
         self.running -= 1
 
 
-def describe(policy: MirrorPolicy, url: str, key_env: str | None) -> str:
-    """The start-up notice: what mirroring costs and who receives the copies."""
+def describe(policy: MirrorPolicy, url: str, key_env: str | None, workers: int = 1) -> str:
+    """The start-up notice: what mirroring costs and who receives the copies; in a group of
+    `workers`, the caps each worker applies on its own."""
     key = f"with the key in ${key_env}" if key_env else "with no key (--mirror-key-env unset)"
+    caps = f"at most {policy.per_minute} a minute, {policy.concurrency} at once"
+    if workers > 1:
+        per_minute = sorted({worker_share(policy.per_minute, i, workers) for i in range(workers)}, reverse=True)
+        at_once = sorted({worker_share(policy.concurrency, i, workers) for i in range(workers)}, reverse=True)
+        caps = (
+            f"at most {sum(worker_share(policy.per_minute, i, workers) for i in range(workers))} a minute, "
+            f"{sum(worker_share(policy.concurrency, i, workers) for i in range(workers))} at once, "
+            f"shared by {workers} workers: {' or '.join(map(str, per_minute))} a minute and "
+            f"{' or '.join(map(str, at_once))} at once each"
+        )
     return (
-        f"mirroring: {policy.ratio:.0%} of requests to {', '.join(policy.paths)} (at most {policy.per_minute} a "
-        f"minute, {policy.concurrency} at once) are also sent to upstream {policy.route} ({url}) {key}. "
+        f"mirroring: {policy.ratio:.0%} of requests to {', '.join(policy.paths)} ({caps}) are also sent to "
+        f"upstream {policy.route} ({url}) {key}. "
         f"Token spend doubles on that share, and {policy.route} receives copies of those prompts."
     )

@@ -157,12 +157,10 @@ def mirror_notice(settings: Settings, environ: Mapping[str, str]) -> str:
     policy = mirror_policy(settings, environ)
     if policy is None:
         return ""
-    if settings.workers > 1 or settings.telemetry_process:
-        raise ValueError("--mirror runs in one serving process: drop --workers / --telemetry-process to use it")
     if settings.mirror_key_env and not environ.get(settings.mirror_key_env):
         raise ValueError(f"--mirror-key-env names {settings.mirror_key_env}, which is not set")
     route = next(r for r in routes_for(settings.upstream, settings.routes) if r.name == policy.route)
-    return describe(policy, str(route.url.with_user(None)).rstrip("/"), settings.mirror_key_env)
+    return describe(policy, str(route.url.with_user(None)).rstrip("/"), settings.mirror_key_env, settings.workers)
 
 
 def describe_routes(settings: Settings) -> str:

@@ -68,7 +68,7 @@ async def serving(
     `observers` too (with --access-log, the access log is added here: each serving process logs
     its own requests). `stop_now`: once set (a second signal), the drain cuts what runs at once.
     `dialects`: the APIs whose requests and answers are read; `mirror_dropped(reason)` counts the
-    `--mirror` copies a cap refused (one process only: a group refuses --mirror at start)."""
+    `--mirror` copies a cap refused (a worker's go to its supervisor with its records)."""
     observers = list(observers)
     if settings.access_log:
         observers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cli import main
-from proxy.mirror import MirrorPolicy, describe, mirror_headers
+from proxy.mirror import MirrorPolicy, describe, mirror_headers, worker_share
 from proxy.serve import mirror_notice
 from proxy.settings import Settings
 from tests.conftest import ProxyFactory
@@ -73,6 +73,13 @@ def test_only_the_listed_paths_are_copied(path: str, route: str, said: str) -> N
     assert MirrorPolicy("m", ratio=1.0, per_minute=10).offer(path, route) == said
 
 
+def test_a_groups_caps_are_shared_out_among_its_workers() -> None:
+    assert [worker_share(10, i, 4) for i in range(4)] == [3, 3, 2, 2]  # the remainder to the first ones
+    assert [worker_share(8, i, 2) for i in range(2)] == [4, 4]
+    assert [worker_share(2, i, 3) for i in range(3)] == [1, 1, 1]  # at least one each
+    assert worker_share(7, 0, 1) == 7
+
+
 def test_headers_of_a_copy_carry_no_client_credential() -> None:
     client = [
         ("Authorization", "Bearer sk-client"), ("Cookie", "s=sk-client"), ("Content-Type", "application/json"),
@@ -109,8 +116,10 @@ def test_start_up_says_what_mirroring_costs(caplog: pytest.LogCaptureFixture) ->
     assert "sk-or-secret" not in said
     with pytest.raises(ValueError, match="OR_KEY, which is not set"):
         mirror_notice(settings, {})
-    with pytest.raises(ValueError, match="one serving process"):
-        mirror_notice(settings.model_copy(update={"workers": 2}), {"OR_KEY": "k"})
+    group = mirror_notice(
+        settings.model_copy(update={"workers": 4, "mirror_max_per_minute": 10}), {"OR_KEY": "k"}
+    )  # each worker decides alone, on its share of the caps
+    assert "(at most 10 a minute, 4 at once, shared by 4 workers: 3 or 2 a minute and 1 at once each)" in group
     assert mirror_notice(Settings(), {}) == ""
     with caplog.at_level(logging.WARNING, logger="taotrace"):
         assert main(["serve", "--mirror", "taotoken.net", "--mirror-ratio", "0.1", "--mirror-max-per-minute", "5",
@@ -162,6 +171,12 @@ def _mirror_settings(mirror_url: str, **kw: object) -> dict[str, object]:
     }  # fmt: skip
 
 
+# One process, a group of two workers, and one worker with its telemetry process: the copy runs
+# in the serving process, its record, drops and span go where the request's go.
+GROUPS = pytest.mark.parametrize("proxy_workers", [1, 2, "tp"], indirect=True)
+
+
+@GROUPS
 async def test_a_stalling_mirror_never_delays_the_client_and_the_pair_is_recorded(
     start_proxy: ProxyFactory,
     upstream: FakeUpstream,
@@ -255,6 +270,7 @@ async def test_caps_hold_and_refusals_are_counted(
     assert sum(r.mirror for r in p.records) == 2
 
 
+@GROUPS
 async def test_a_dead_mirror_never_touches_the_client(
     start_proxy: ProxyFactory, upstream: FakeUpstream, client: aiohttp.ClientSession, registry: CollectorRegistry
 ) -> None:
@@ -278,6 +294,7 @@ async def test_a_dead_mirror_never_touches_the_client(
     }) is None  # fmt: skip
 
 
+@GROUPS
 async def test_the_live_view_shows_the_pair_and_counts_only_client_requests(
     start_proxy: ProxyFactory,
     upstream: FakeUpstream,
@@ -316,3 +333,31 @@ async def test_the_live_view_shows_the_pair_and_counts_only_client_requests(
     (group,) = summary["pairs"]
     assert (group["upstream"], group["mirror"], group["pairs"], group["both_ok"]) == ("127.0.0.1", "mirror", 1, 1)
     assert group["ttft_difference_p50"] == pytest.approx(both["differences"]["ttft"])
+
+
+@pytest.mark.parametrize("proxy_workers", [2], indirect=True)
+async def test_in_a_group_each_worker_keeps_its_share_and_the_supervisor_counts_the_drops(
+    start_proxy: ProxyFactory,
+    upstream: FakeUpstream,
+    mirror_upstream: FakeUpstream,
+    registry: CollectorRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TAOTRACE_TEST_MIRROR_KEY", MIRROR_KEY)
+    upstream.handler = PRIMARY
+    sent = 8
+    # A group's cap of 2 a minute: one copy a minute for each of the two workers.
+    async with start_proxy(**_mirror_settings(mirror_upstream.url, mirror_max_per_minute=2)) as p:
+        for _ in range(sent):  # a connection each, so the kernel spreads them over the workers
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as own:
+                await _chat(own, p.url)
+        await p.settled(sent)
+
+        def dropped() -> float:
+            return registry.get_sample_value("taotrace_mirror_dropped_total", {"reason": "per_minute"}) or 0.0
+
+        copies = len(mirror_upstream.seen)
+        await _until(lambda: copies + dropped() == sent)
+        await _until(lambda: sum(r.mirror for r in p.records) == copies)
+    assert 1 <= copies <= 2
+    assert registry.get_sample_value("taotrace_mirror_dropped_total", {"reason": "concurrency"}) in (None, 0.0)

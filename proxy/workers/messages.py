@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy import __version__
@@ -74,13 +74,15 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Records:
-    """Finished requests, the worker's in-flight counts now, and the records it dropped and its sinks
-    failed on so far."""
+    """Finished requests, the worker's in-flight counts now, and the records (and `--mirror`
+    copies) it dropped and its sinks failed on so far."""
 
     records: list[RequestRecord]
     in_flight: dict[tuple[str, ...], float]  # (upstream, api) -> requests in flight
     dropped: int  # since the worker started: the supervisor counts the difference
     sink_errors: dict[str, float]  # sink -> records it failed on since the worker started (likewise)
+    # --mirror copies a cap refused since the worker started, by reason (per_minute, concurrency)
+    mirror_dropped: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

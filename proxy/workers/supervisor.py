@@ -25,6 +25,10 @@ with a log line, unless it runs this supervisor's very code (an in-place upgrade
 workers from new code under the old supervisor); its messages are bounded in the worker
 (`taotrace_records_dropped_total` counts what a lagging supervisor never got).
 
+`--mirror` runs in the workers: each copies the requests it serves, within its share of the
+group's caps (`worker_share`, sent in its `Start`), and reports the copies its caps refused with
+its records; the copy's span link travels in its shipped span start like any other link.
+
 A worker that dies is logged and started again (`taotrace_worker_restarts_total`); the other
 workers' streams are untouched, the dead one's connections are cut by the kernel. Its requests
 in flight, as its last report counted them, are counted as `error_type="worker_lost"`: the
@@ -58,6 +62,7 @@ from proxy.inflight import InFlight
 from proxy.lifecycle import Shutdown
 from proxy.listen import bind, http_url
 from proxy.logs.ratelimited import RateLimitedLog
+from proxy.mirror import worker_share
 from proxy.record import RequestRecord
 from proxy.reporting import Reporting
 from proxy.settings import Settings
@@ -101,6 +106,7 @@ class _Worker:
     asks: dict[int, asyncio.Future[list[InFlight]]] = field(default_factory=dict)  # the live view's questions
     dropped: int = 0  # records the process in the slot says it dropped, as counted so far
     sink_errors: dict[str, float] = field(default_factory=dict)  # its sinks' failures, as counted so far
+    mirror_dropped: dict[str, int] = field(default_factory=dict)  # --mirror copies it refused, likewise
 
 
 @dataclass
@@ -190,6 +196,11 @@ class _Supervisor:
                 if more > 0:
                     metrics.sink_errors.labels(sink).inc(more)
             worker.sink_errors = dict(message.sink_errors)
+        for reason, n in message.mirror_dropped.items():
+            counted = worker.mirror_dropped.get(reason, 0)
+            if n > counted:
+                metrics.compare.dropped.labels(reason).inc(n - counted)
+                worker.mirror_dropped[reason] = n
         for rec in message.records:
             if rec.span is not None:
                 try:
@@ -257,6 +268,11 @@ class _Supervisor:
             return
         worker.writer = writer
         settings = self.settings.model_dump()
+        if self.settings.mirror is not None and self.settings.mirror_max_per_minute is not None:
+            # Each worker decides alone: it gets its share of the group's caps.
+            workers = len(self.group.workers)
+            settings["mirror_max_per_minute"] = worker_share(self.settings.mirror_max_per_minute, worker.index, workers)
+            settings["mirror_concurrency"] = worker_share(self.settings.mirror_concurrency, worker.index, workers)
         writer.write(encode(Start(settings, worker.index, self.ship_spans, self.channel_bound)))
         while (message := await receive(reader)) is not None:
             self._apply(worker, message)
@@ -309,6 +325,7 @@ class _Supervisor:
             worker.in_flight = {}
             worker.dropped = 0
             worker.sink_errors = {}
+            worker.mirror_dropped = {}
             self._sum_in_flight()
             if self.group.stopping:
                 return

@@ -54,7 +54,8 @@ class Shipper:
 
     Never blocks and never grows without bound: while `max_buffered` bytes or more wait unsent
     (a supervisor that stopped reading), a batch is dropped instead, and `dropped` counts its
-    records; the count travels with the next batch that is sent."""
+    records; the count travels with the next batch that is sent. `--mirror` copies a cap
+    refused are counted here too (`mirror_dropped`) and travel the same way."""
 
     sink_name = "workers_ship"
 
@@ -67,15 +68,22 @@ class Shipper:
         self.dropped = 0
         # The Forwarder's sinks count their failures here; the counts travel to the supervisor.
         self.sink_errors = Counter("taotrace_sink_errors", "Sink failures.", ("sink",), registry=Registry())
+        self.mirror_drops: dict[str, int] = {}
         self._pending: list[RequestRecord] = []
         self._sent_gauge: dict[tuple[str, ...], float] = {}
         self._sent_dropped = 0
         self._sent_errors: dict[str, float] = {}
+        self._sent_mirror_drops: dict[str, int] = {}
 
     def record(self, rec: RequestRecord) -> None:
         if not self._pending:
             asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
         self._pending.append(rec)
+
+    def mirror_dropped(self, reason: str) -> None:
+        """A `--mirror` copy a cap refused (`serving`'s hook): sent with the next batch, or with
+        the in-flight counts within `GAUGE_PERIOD`."""
+        self.mirror_drops[reason] = self.mirror_drops.get(reason, 0) + 1
 
     def _gauge(self) -> dict[tuple[str, ...], float]:
         return {key: child.value for key, child in list(self.in_flight.children.items())}
@@ -90,11 +98,13 @@ class Shipper:
     def flush(self) -> None:
         records, self._pending = self._pending, []
         gauge, errors = self._gauge(), self._errors()
+        drops = self.mirror_drops
         if (
             not records
             and gauge == self._sent_gauge
             and self.dropped == self._sent_dropped
             and errors == self._sent_errors
+            and drops == self._sent_mirror_drops
         ):
             return
         if self.writer.is_closing():
@@ -102,8 +112,9 @@ class Shipper:
         if self.buffered() >= self.max_buffered:
             self.dropped += len(records)  # the gauge and the count go with the next batch that fits
             return
-        self._sent_gauge, self._sent_dropped, self._sent_errors = gauge, self.dropped, errors
-        self.writer.write(encode(Records(records, gauge, self.dropped, errors)))
+        self._sent_gauge, self._sent_dropped = gauge, self.dropped
+        self._sent_errors, self._sent_mirror_drops = errors, dict(drops)
+        self.writer.write(encode(Records(records, gauge, self.dropped, errors, dict(drops))))
 
     async def keep_gauge_fresh(self) -> None:
         """In-flight counts change when requests start, not only when they end."""
@@ -143,7 +154,7 @@ async def _serve(sock: socket.socket) -> None:
         state = ServerState()
         async with serving(
             settings, socks, state, telemetry=telemetry, recorder=shipper, observers=(), accounting=accounting,
-            stop_now=shutdown.now,
+            stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,
         ) as url:  # fmt: skip
             gc.freeze()  # as serve(): start-up objects out of the collector's reach
             writer.write(encode(Ready()))
