@@ -249,6 +249,7 @@ async def test_stream_check_parses_every_chunk(frames: list[bytes], status: str,
         await fake.close()
     stream = checks[-1]
     assert stream.name == "stream" and stream.status == status and words in stream.detail, checks
+    assert checks[2].detail == "key accepted (GET /models: 1 model)"  # the scripted upstream lists one
 
 
 async def test_doctor_through_the_proxy(sim: SimRunning) -> None:

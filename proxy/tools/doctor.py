@@ -338,9 +338,9 @@ async def check_auth(state: _State) -> str:
         state.model_ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
     except (orjson.JSONDecodeError, TypeError):
         state.model_ids = []
-    if not state.target.api_key:
-        return f"no key needed (GET /models: {len(state.model_ids)} models)"
-    return f"key accepted (GET /models: {len(state.model_ids)} models)"
+    count = len(state.model_ids)
+    listed = f"GET /models: {count} model{'' if count == 1 else 's'}"
+    return f"no key needed ({listed})" if not state.target.api_key else f"key accepted ({listed})"
 
 
 async def check_model(state: _State) -> str:
