@@ -46,12 +46,19 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
 
 
 class Shutdown:
-    """What the signals asked for: `requested` (first), `now` (second)."""
+    """What the signals asked for: `requested` (first), `now` (second); `first`: which signal
+    asked first (None before any)."""
 
     def __init__(self) -> None:
         self.requested = asyncio.Event()
         self.now = asyncio.Event()
         self.signals = 0
+        self.first: int | None = None
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's status for "stopped by the first signal": 130 for SIGINT, 143 for SIGTERM."""
+        return 128 + (self.first if self.first is not None else signal.SIGINT)
 
     def install(self) -> Shutdown:
         """Take SIGINT and SIGTERM on the running loop (until the process ends)."""
@@ -64,6 +71,7 @@ class Shutdown:
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.signals += 1
         if self.signals == 1:
+            self.first = signum
             self.requested.set()
         elif self.signals == 2:
             self.now.set()

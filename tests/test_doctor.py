@@ -280,10 +280,15 @@ async def test_cli_exit_status_and_json(sim: SimRunning) -> None:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
-async def test_checks_show_as_they_end_and_ctrl_c_keeps_them(as_json: bool) -> None:
-    """A real process and a real SIGINT, against an endpoint whose stream never comes: the four
-    checks before it were printed as each ended; Ctrl-C ends the fifth, exit 130, no traceback."""
+@pytest.mark.parametrize(
+    ("as_json", "sig", "status"),
+    [(False, signal.SIGINT, 130), (True, signal.SIGTERM, 143)],
+    ids=["text-sigint", "json-sigterm"],
+)
+async def test_checks_show_as_they_end_and_ctrl_c_keeps_them(as_json: bool, sig: signal.Signals, status: int) -> None:
+    """A real process and a real SIGINT (or SIGTERM), against an endpoint whose stream never comes:
+    the four checks before it were printed as each ended; the signal ends the fifth, exit 130 (143
+    for SIGTERM), no traceback."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         if request.path.endswith("/models"):
@@ -306,7 +311,7 @@ async def test_checks_show_as_they_end_and_ctrl_c_keeps_them(as_json: bool) -> N
         lines = [(await asyncio.wait_for(shown.readline(), 30)).decode() for _ in range(4 if as_json else 5)]
         assert proc.returncode is None  # the stream check is under way: the others were shown as they ended
         await asyncio.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = await asyncio.wait_for(proc.communicate(), 15)
     finally:
         if proc.returncode is None:
@@ -314,7 +319,7 @@ async def test_checks_show_as_they_end_and_ctrl_c_keeps_them(as_json: bool) -> N
             await proc.wait()
         await fake.close()
     said = err.decode()
-    assert proc.returncode == 130 and "doctor: interrupted during the stream check\n" in said, said
+    assert proc.returncode == status and "doctor: interrupted during the stream check\n" in said, said
     assert "Traceback" not in said
     if as_json:
         assert [line.split(":")[1] for line in lines] == [" key ok", " network ok", " auth ok", " model ok"]

@@ -242,10 +242,17 @@ def test_progress_rewrites_one_line_on_a_terminal_and_logs_lines_elsewhere() -> 
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
-async def test_runs_show_as_they_finish_and_ctrl_c_prints_those_finished(sim: SimRunning, as_json: bool) -> None:
-    """A real process and a real SIGINT: the finished runs were on stderr as they ended, and after
-    Ctrl-C stdout holds them (a table, or pure JSON), with exit 130 and no traceback."""
+@pytest.mark.parametrize(
+    ("as_json", "sig", "status"),
+    [(False, signal.SIGINT, 130), (True, signal.SIGTERM, 143)],
+    ids=["table-sigint", "json-sigterm"],
+)
+async def test_runs_show_as_they_finish_and_ctrl_c_prints_those_finished(
+    sim: SimRunning, as_json: bool, sig: signal.Signals, status: int
+) -> None:
+    """A real process and a real SIGINT (or SIGTERM): the finished runs were on stderr as they
+    ended, and after the signal stdout holds them (a table, or pure JSON), with exit 130 (143 for
+    SIGTERM: the shell's 128 + the signal) and no traceback."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "probe", "--base-url", sim.base_url, "--runs", "50", "--max-tokens", "200",
         *(["--json"] if as_json else []),
@@ -256,7 +263,7 @@ async def test_runs_show_as_they_finish_and_ctrl_c_prints_those_finished(sim: Si
     try:
         shown = [(await asyncio.wait_for(proc.stderr.readline(), 30)).decode() for _ in range(2)]
         assert proc.returncode is None  # still running: each run was shown as it ended
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = await asyncio.wait_for(proc.communicate(), 15)
     finally:
         if proc.returncode is None:
@@ -266,7 +273,7 @@ async def test_runs_show_as_they_finish_and_ctrl_c_prints_those_finished(sim: Si
         assert re.fullmatch(rf"probe: run {n}/50: TTFT [\d.]+ ms, total [\d.]+ ms, 200 tokens, [\d.]+ tok/s\n", line)
     said = err.decode()
     found = re.search(r"probe: interrupted during run (\d+) of 50; the (\d+) finished are below\n", said)
-    assert proc.returncode == 130 and found is not None, said
+    assert proc.returncode == status and found is not None, said
     finished = int(found[2])
     assert int(found[1]) == finished + 1 and finished >= 2 and "Traceback" not in said
     if as_json:

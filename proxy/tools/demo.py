@@ -40,7 +40,7 @@ from proxy.tools.clientconfig import key_hint, key_places
 from proxy.tools.command import taotrace_command
 from proxy.tools.experiments import Run, RunResult, format_report, plan, plot_json, to_json
 from proxy.tools.progress import Progress
-from proxy.tools.stoppable import unless_stopped
+from proxy.tools.stoppable import interrupted_status, unless_stopped
 
 __all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
 
@@ -207,7 +207,8 @@ async def demo(
 ) -> tuple[int, list[RunResult]]:
     """Start what is needed, run the experiments, print; then wait for `until` unless `--once`.
 
-    `shutdown`: a first signal stops the experiments (exit 130) or, after the table, the demo;
+    `shutdown`: a first signal stops the experiments (exit 130 for SIGINT, 143
+    for SIGTERM) or, after the table, the demo;
     a second cuts what the proxy and the simulator still serve. `command`: how the hints name
     `taotrace` (`proxy.tools.command`).
     """
@@ -262,7 +263,7 @@ async def demo(
         shown.clear()
         if results is None:
             print("demo: interrupted", file=sys.stderr)
-            return 130, []
+            return interrupted_status(shutdown), []
         failed = next((r for r in results if not r.client.ok), None)
         if settings.json_output:
             out.write(json.dumps(to_json(results), indent=2) + "\n")

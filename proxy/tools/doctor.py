@@ -27,7 +27,7 @@ only when every check passes (warnings allowed). A proxy variable that cannot wo
 one line, as for `probe` and `serve`. Each check is printed as it ends (on a terminal, the one
 under way shows on stderr; with `--json`, stdout keeps only the JSON and finished checks are
 lines on stderr when it is not a terminal). Ctrl-C stops the check under way: the ones finished
-stay printed (`"interrupted": true` in `--json`) and the exit status is 130.
+stay printed (`"interrupted": true` in `--json`) and the exit status is 130 (143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from proxy.tools.clientconfig import (
 from proxy.tools.progress import Progress
 from proxy.tools.reach import Unreachable, reach
 from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, os_reason, route_for
-from proxy.tools.stoppable import signals, unless_stopped
+from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
 
@@ -537,22 +537,22 @@ def run(settings: DoctorSettings, out: TextIO = sys.stdout) -> int:
         out.write(_header(target))
         out.flush()
 
-    async def main() -> bool:
-        """Whether the checks all ran (False: a signal stopped them)."""
+    async def main() -> int | None:
+        """None when the checks all ran, else the exit status of the signal that stopped them."""
         shutdown = signals()
         work = diagnose(target, settings.timeout, results=checks, progress=_show(progress, out if as_text else None))
-        return await unless_stopped(work, shutdown) is not None
+        return None if await unless_stopped(work, shutdown) is not None else interrupted_status(shutdown)
 
-    finished = asyncio.run(main())
+    stopped = asyncio.run(main())
     progress.clear()
-    if not finished:
+    if stopped is not None:
         current = CHECKS[len(checks)][0]
         print(f"doctor: interrupted during the {current} check", file=sys.stderr)
         checks.append(Check(current, "skip", "interrupted"))
         checks += [Check(name, "skip", "not run") for name, _ in CHECKS[len(checks) :]]
         if not as_text:
             report(target, checks, True, out, interrupted=True)
-        return 130
+        return stopped
     if not as_text:
         return report(target, checks, True, out)
     out.write(_footer(checks))

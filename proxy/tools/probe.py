@@ -10,7 +10,7 @@ the TTFT is the network: opening the connection plus one round trip, from the ke
 
 Runs are shown as they finish (`proxy.tools.progress`, on stderr: stdout keeps only the result,
 so `--json` stays JSON). Ctrl-C stops the run under way and prints the runs already finished
-(with `"interrupted": true` in `--json`); the exit status is then 130.
+(with `"interrupted": true` in `--json`); the exit status is then 130 (143 for SIGTERM).
 
 Behind a corporate proxy the request goes the way `HTTPS_PROXY` / `HTTP_PROXY` / `NO_PROXY` say,
 by `serve`'s rules (`proxy.tools.route`); then "opening the connection" is to the forward proxy
@@ -35,7 +35,7 @@ from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measur
 from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
 from proxy.tools.progress import Progress
 from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, route_for
-from proxy.tools.stoppable import signals, unless_stopped
+from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 from proxy.tools.table import align, cell
 
 __all__ = ["ProbeSettings", "format_table", "probe", "report", "run"]
@@ -142,7 +142,8 @@ def report(
     interrupted: bool = False,
 ) -> int:
     """Print the runs (a table, or JSON); the exit status: 0 when every run succeeded, 1 when one
-    failed, 130 when `interrupted` (what finished is printed all the same)."""
+    failed, 130 when `interrupted` (what finished is printed all the same; `run` gives 143 when
+    SIGTERM did the interrupting)."""
     failed = next((m for m in results if not m.ok), None)
     good = [m for m in results if m.ok]
     if settings.json_output:
@@ -228,15 +229,16 @@ def run(settings: ProbeSettings, out: TextIO = sys.stdout) -> int:
     results: list[Measurement] = []
     progress = Progress(sys.stderr)
 
-    async def main() -> bool:
-        """Whether the runs all ended (False: a signal stopped them)."""
+    async def main() -> int | None:
+        """None when the runs all ended, else the exit status of the signal that stopped them."""
         shutdown = signals()
         work = probe(settings, target, route, results=results, progress=_show(progress, settings.runs))
-        return await unless_stopped(work, shutdown) is not None
+        return None if await unless_stopped(work, shutdown) is not None else interrupted_status(shutdown)
 
-    finished = asyncio.run(main())
+    stopped = asyncio.run(main())
     progress.clear()
-    if not finished:
+    if stopped is not None:
         done = f"the {len(results)} finished are below" if results else "no run had finished"
         print(f"probe: interrupted during run {len(results) + 1} of {settings.runs}; {done}", file=sys.stderr)
-    return report(settings, target, results, out, route, interrupted=not finished)
+    code = report(settings, target, results, out, route, interrupted=stopped is not None)
+    return code if stopped is None else stopped

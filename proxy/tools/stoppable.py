@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from proxy.lifecycle import Shutdown
 
-__all__ = ["signals", "unless_stopped"]
+__all__ = ["interrupted_status", "signals", "unless_stopped"]
 
 T = TypeVar("T")
 
@@ -24,6 +24,11 @@ def signals() -> Shutdown | None:
     if threading.current_thread() is not threading.main_thread():
         return None
     return Shutdown().install()
+
+
+def interrupted_status(shutdown: Shutdown | None) -> int:
+    """The exit status of a command a signal stopped: 130 for SIGINT, 143 for SIGTERM."""
+    return shutdown.exit_status if shutdown is not None else 130
 
 
 async def unless_stopped(work: Awaitable[T], shutdown: Shutdown | None) -> T | None:
