@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import sys
 import xml.etree.ElementTree as ET
@@ -265,7 +266,9 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), **extra}
 
 
-async def _cli(*args: str, env: dict[str, str], stop_after: str | None = None) -> tuple[int, str, str]:
+async def _cli(
+    *args: str, env: dict[str, str], stop_after: str | None = None, sig: int = signal.SIGINT
+) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", "compare", *args, env=env, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -277,7 +280,7 @@ async def _cli(*args: str, env: dict[str, str], stop_after: str | None = None) -
             line = await asyncio.wait_for(proc.stderr.readline(), 60)
             assert line, err.decode()
             err += line
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     out, rest = await asyncio.wait_for(proc.communicate(), 120)
     return await proc.wait(), out.decode(), (err + rest).decode()
 
@@ -320,14 +323,19 @@ async def test_a_wrong_key_fails_the_warm_up_without_showing_the_key(sims: tuple
     assert wrong not in err and SECRET not in err
 
 
-async def test_ctrl_c_prints_what_was_measured_and_exits_130(sims: tuple[SimRunning, SimRunning]) -> None:
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+async def test_ctrl_c_prints_what_was_measured_and_exits_130(
+    sims: tuple[SimRunning, SimRunning], sig: int, status: int
+) -> None:
+    """Ctrl-C (or SIGTERM: exit 143) prints what was measured, as probe and doctor do."""
     slow, fast = sims
     code, out, err = await _cli(
         "--base-url", slow.base_url, "--base-url", fast.base_url, "--runs", "50", "--max-tokens", "4",
-        env=_env(TAOTRACE_API_KEY=SECRET), stop_after="compare 4/",
+        env=_env(TAOTRACE_API_KEY=SECRET), stop_after="compare 4/", sig=sig,
     )  # fmt: skip
-    assert code == 130, err
+    assert code == status, err
     assert "Traceback" not in err
+    assert re.search(r"taotrace compare: interrupted after \d+ of 500 requests\n", err), err
     assert out.startswith("compare 5 prompts x 50 runs")
     assert "interrupted: measured " in out and " of 500 requests" in out
     measured = int(out.split("interrupted: measured ")[1].split()[0])

@@ -9,7 +9,8 @@ with a bootstrap interval paired by prompt and round (`compare_stats`), and the 
 prompt; `--json` prints the same as one JSON document, `--plot FILE.svg` draws every request.
 
 Progress goes to stderr: one line redrawn on a terminal, a line per request otherwise. Ctrl-C
-stops at once and prints what was measured so far (exit 130). Keys come from environment
+stops at once and prints what was measured so far (exit 130; 143 for SIGTERM), as probe and
+doctor do (`proxy.tools.stoppable`). Keys come from environment
 variables (`--key-env NAME`, one for both targets or one each) and are never printed.
 """
 
@@ -20,10 +21,10 @@ import json
 import os
 import random
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TextIO
+from typing import Annotated, Any, Literal, TextIO, TypeVar
 
 import aiohttp
 from pydantic import Field, SecretStr, field_validator
@@ -37,10 +38,11 @@ from proxy.tools.compare_plot import svg
 from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
 from proxy.tools.compare_report import TargetInfo, result, text
 from proxy.tools.route import Route, route_for
+from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 
 __all__ = ["CompareSettings", "Progress", "Side", "compare", "load_prompts", "report", "run", "sides_from"]
 
-EXIT_INTERRUPTED = 130
+T = TypeVar("T")
 WARMUP_PROMPT = Prompt("warm-up", ({"role": "user", "content": "Say OK."},))
 
 
@@ -254,6 +256,17 @@ async def _live(settings: CompareSettings) -> list[Prompt]:
         return await live_prompts(session, str(settings.from_live), token, settings.live_prompts)
 
 
+async def _stoppable(work: Awaitable[T]) -> tuple[T] | int:
+    """`work`'s result (boxed: it may be None), or the exit status of the signal that stopped it."""
+
+    async def boxed() -> tuple[T]:
+        return (await work,)
+
+    shutdown = signals()
+    ended = await unless_stopped(boxed(), shutdown)
+    return interrupted_status(shutdown) if ended is None else ended
+
+
 def run(settings: CompareSettings, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """The `taotrace compare` command (stdout and stderr unless told otherwise)."""
     out = sys.stdout if out is None else out
@@ -262,21 +275,23 @@ def run(settings: CompareSettings, out: TextIO | None = None, err: TextIO | None
         sides = sides_from(settings, os.environ)
         prompts = load_prompts(settings)
         if prompts is None:
-            prompts = asyncio.run(_live(settings))
+            live = asyncio.run(_stoppable(_live(settings)))
+            if isinstance(live, int):
+                print("taotrace compare: interrupted while reading prompts from --from-live", file=err)
+                return live
+            prompts = live[0]
     except (ValueError, LiveError) as exc:
         print(f"taotrace compare: error: {exc}", file=err)
         return 2
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
     samples: list[Sample] = []
     progress = Progress(err, err.isatty())
-    interrupted = False
-    stopped: str | None = None
-    try:
-        stopped = asyncio.run(compare(settings, sides, prompts, samples, progress))
-    except KeyboardInterrupt:
-        interrupted = True
+    ended = asyncio.run(_stoppable(compare(settings, sides, prompts, samples, progress)))
     progress.done()
+    interrupted = isinstance(ended, int)
+    stopped = None if isinstance(ended, int) else ended[0]
+    if interrupted:
+        planned = 2 * len(prompts) * settings.runs
+        print(f"taotrace compare: interrupted after {len(samples)} of {planned} requests", file=err)
     if stopped is not None:
         print(f"taotrace compare: {stopped}", file=err)
         return 1
@@ -289,7 +304,7 @@ def run(settings: CompareSettings, out: TextIO | None = None, err: TextIO | None
             return 1
         if not settings.json_output:
             out.write(f"plot: {settings.plot}\n")
-    if interrupted:
-        return EXIT_INTERRUPTED
+    if isinstance(ended, int):
+        return ended
     failed = doc["failed"]["A"] + doc["failed"]["B"]
     return 1 if failed or not samples else 0
