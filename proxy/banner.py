@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from proxy.telemetry.otlp_env import shown_endpoint
 
-__all__ = ["exposed", "exposure_warning", "startup_line"]
+__all__ = ["exposed", "exposure_warning", "live_view_warning", "startup_line"]
 
 
 def exposed(addresses: Iterable[str]) -> bool:
@@ -48,10 +48,32 @@ def startup_line(
     )
 
 
-def exposure_warning(metrics_url: str, *, capture_content: bool) -> str:
-    """Said when the live view answers other hosts and no `--ui-token` guards it."""
+def exposure_warning(
+    metrics_url: str, *, capture_content: bool, listen_flag: str = "--metrics-host", off_flag: str | None = "--no-ui"
+) -> str:
+    """Said when the live view answers other hosts and no `--ui-token` guards it. `listen_flag`,
+    `off_flag`: the command's own flags for where it listens and turning the view off (None: none)."""
     shows = "every request's prompt and completion (--capture-content)" if capture_content else "every request"
+    listen = f"listen on 127.0.0.1 ({listen_flag})"
+    fix = f"{listen}, or turn it off ({off_flag})" if off_flag is not None else f"or {listen}"
     return (
         f"the live view on {metrics_url}/ is open to anyone who can reach this address and shows {shows}; "
-        "set TAOTRACE_UI_TOKEN, listen on 127.0.0.1 (--metrics-host), or turn it off (--no-ui)"
+        f"set TAOTRACE_UI_TOKEN, {fix}"
     )
+
+
+def live_view_warning(
+    metrics_url: str,
+    addresses: Iterable[str],
+    *,
+    ui: bool,
+    token: bool,
+    capture_content: bool,
+    listen_flag: str = "--metrics-host",
+    off_flag: str | None = "--no-ui",
+) -> str | None:
+    """`exposure_warning` when the live view is on, unguarded and bound to `addresses` another host
+    can reach; else None. serve and demo both say it."""
+    if not ui or token or not exposed(addresses):
+        return None
+    return exposure_warning(metrics_url, capture_content=capture_content, listen_flag=listen_flag, off_flag=off_flag)

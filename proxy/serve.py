@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
 from proxy.app import ServerState, mirror_policy, upstream_url
-from proxy.banner import exposed, exposure_warning, startup_line
+from proxy.banner import live_view_warning, startup_line
 from proxy.dialects import DIALECTS, Dialects
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop
@@ -182,8 +182,11 @@ def announce(
 ) -> None:
     """The startup line (one process or a group's supervisor), after the live view's exposure warning."""
     token = settings.ui_token is not None
-    if ui and not token and exposed(metrics_addresses):
-        log.warning("%s", exposure_warning(metrics_url, capture_content=settings.capture_content))
+    warning = live_view_warning(
+        metrics_url, metrics_addresses, ui=ui, token=token, capture_content=settings.capture_content
+    )
+    if warning is not None:
+        log.warning("%s", warning)
     line = startup_line(
         proxy_url=proxy_url,
         upstream=str(without_credentials(upstream_url(settings.upstream))),  # userinfo holds a password

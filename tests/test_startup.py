@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.banner import exposed
+from proxy.banner import exposed, live_view_warning
 from proxy.cli import COMMANDS, unknown_variable_warnings
 from proxy.envnames import unknown_variables
 from proxy.listen import CannotListen, bind, refusal
@@ -317,3 +317,25 @@ def test_bind_refuses_with_cannot_listen_and_leaves_nothing_bound() -> None:
 def test_exposed_means_any_address_off_loopback() -> None:
     assert not exposed(["127.0.0.1", "::1"])
     assert exposed(["0.0.0.0"]) and exposed(["::"]) and exposed(["127.0.0.1", "192.168.1.5"])
+
+
+def test_an_open_unguarded_live_view_is_warned_of_in_the_commands_own_flags() -> None:
+    """serve's warning, and demo's (its --host is where the view listens; it has no --no-ui)."""
+    url = "http://0.0.0.0:9464"
+    said = live_view_warning(url, ["0.0.0.0"], ui=True, token=False, capture_content=False)
+    assert said == (
+        f"the live view on {url}/ is open to anyone who can reach this address and shows every request; "
+        "set TAOTRACE_UI_TOKEN, listen on 127.0.0.1 (--metrics-host), or turn it off (--no-ui)"
+    )
+    demo = live_view_warning(
+        url, ["0.0.0.0"], ui=True, token=False, capture_content=False, listen_flag="--host", off_flag=None
+    )
+    assert demo is not None and demo.endswith(
+        "shows every request; set TAOTRACE_UI_TOKEN, or listen on 127.0.0.1 (--host)"
+    )
+    for quiet in (
+        live_view_warning(url, ["127.0.0.1", "::1"], ui=True, token=False, capture_content=False),
+        live_view_warning(url, ["0.0.0.0"], ui=True, token=True, capture_content=False),
+        live_view_warning(url, ["0.0.0.0"], ui=False, token=False, capture_content=False),
+    ):
+        assert quiet is None

@@ -26,6 +26,7 @@ import aiohttp
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.banner import live_view_warning
 from proxy.envproxy import forward_proxy_for
 from proxy.lifecycle import Shutdown, run_loop
 from proxy.listen import CannotListen
@@ -251,6 +252,17 @@ async def demo(
             )
         except CannotListen as exc:
             raise exc.named(host_flag="--host") from None
+        warning = live_view_warning(
+            srv.metrics_url,
+            srv.metrics_addresses,
+            ui=srv.live is not None,
+            token=proxy_settings.ui_token is not None,
+            capture_content=proxy_settings.capture_content,
+            listen_flag="--host",
+            off_flag=None,  # demo has no --no-ui: the view is what it shows
+        )
+        if warning is not None:
+            print(f"demo: warning: {warning}", file=sys.stderr)
         shown = Progress(sys.stderr, tty=sys.stderr.isatty() and not settings.json_output)
 
         def progress(label: str) -> None:
