@@ -381,6 +381,31 @@ async def test_connection_cap_makes_requests_wait_their_turn() -> None:
         assert waits[0] < 0.1 and waits[1] > 0.1 and srv.connections == 1
 
 
+async def test_a_second_close_neither_cuts_the_next_request_nor_frees_a_second_slot() -> None:
+    """close() and discard_rest() after close() do nothing: the connection already went back to
+    the pool (here: to the next request) and the cap's slot was already released."""
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+        while True:
+            await read_request(reader)
+            await asyncio.sleep(0.2)
+            writer.write(OK)
+            await writer.drain()
+
+    async with Raw(slow) as srv, pool_for(srv.port, max_connections=1) as pool:
+        first, _, _ = await fetch(pool)  # closed once: its connection is pooled
+        second = asyncio.ensure_future(fetch(pool))  # takes that connection
+        await asyncio.sleep(0.05)  # its request is sent; the answer comes 0.2 s after it
+        first.close()
+        first.discard_rest()
+        _, body, phase = await asyncio.wait_for(second, 5)  # (a cut one could wait forever: its timer went)
+        assert body == b"hello" and phase.reused
+        results = await asyncio.gather(fetch(pool), fetch(pool))
+        waits = sorted(phase.pool_wait or 0.0 for _, _, phase in results)
+        assert [body for _, body, _ in results] == [b"hello", b"hello"]
+        assert waits[1] > 0.1 and srv.connections == 1  # still one slot: the second waited its turn
+
+
 async def test_https_upstream_is_verified_and_named(tmp_path: object) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("localhost")

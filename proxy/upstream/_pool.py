@@ -168,21 +168,21 @@ class UpstreamPool:
 
     def _discard_rest(self, resp: UpstreamResponse, conn: Connection) -> None:
         if not conn.cycle.waiting or conn.closed or self._closed or self.discard_seconds <= 0:
-            resp.close()
+            self._give_back(conn)
             return
         conn.discard(self.discard_bytes)  # at once: reads before the task starts are not relayed
-        task = self.loop.create_task(self._discard(resp))
+        task = self.loop.create_task(self._discard(resp, conn))
         self._discarding.add(task)
         task.add_done_callback(self._discarding.discard)
 
-    async def _discard(self, resp: UpstreamResponse) -> None:
+    async def _discard(self, resp: UpstreamResponse, conn: Connection) -> None:
         """Read the body to its end within the bounds, then pool the connection; else close it."""
         try:
             await asyncio.wait_for(resp.relay(_drop, _nothing_to_drain), self.discard_seconds)
         except (BodyFailure, asyncio.TimeoutError):
-            pass  # cut, garbage, over the byte bound or too slow: close() drops the connection
+            pass  # cut, garbage, over the byte bound or too slow: _give_back drops the connection
         finally:
-            resp.close()  # also releases the connection slot, held until now
+            self._give_back(conn)  # also releases the connection slot, held until now
 
     async def close(self) -> None:
         """Drop every connection, idle or busy (called after the drain)."""

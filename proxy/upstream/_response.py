@@ -18,11 +18,12 @@ __all__ = ["UpstreamResponse"]
 class UpstreamResponse:
     """The response head, and `relay()` for the body."""
 
-    __slots__ = ("_conn", "_pool", "headers", "reason", "status", "tcp_start")
+    __slots__ = ("_conn", "_ended", "_pool", "headers", "reason", "status", "tcp_start")
 
     def __init__(self, conn: Connection, pool: UpstreamPool) -> None:
         self._conn = conn
         self._pool = pool
+        self._ended = False  # close() or discard_rest() ran: the connection and the slot are no longer ours
         cycle = conn.cycle
         self.status = cycle.status
         self.reason = cycle.reason.decode("latin-1", "replace").strip() or None
@@ -63,11 +64,17 @@ class UpstreamResponse:
         return conn.tcp_last if conn.closed else conn.read_tcp()
 
     def close(self) -> None:
-        """Reuse the connection if the body was read to its end, else drop it."""
-        self._pool._give_back(self._conn)
+        """Reuse the connection if the body was read to its end, else drop it. Only the first call
+        (of this or `discard_rest`) counts: by a second one the connection may serve another request."""
+        if not self._ended:
+            self._ended = True
+            self._pool._give_back(self._conn)
 
     def discard_rest(self) -> None:
         """Instead of `close()`, when the client already has all it needs of the body (a stream's
         terminal event) and left: read the rest in the background, discarding it, so the
-        connection can go back to the pool; past the pool's bounds it is closed instead."""
-        self._pool._discard_rest(self, self._conn)
+        connection can go back to the pool; past the pool's bounds it is closed instead. A no-op
+        after `close()` or a first `discard_rest()`."""
+        if not self._ended:
+            self._ended = True
+            self._pool._discard_rest(self, self._conn)
