@@ -406,6 +406,45 @@ async def test_a_second_close_neither_cuts_the_next_request_nor_frees_a_second_s
         assert waits[1] > 0.1 and srv.connections == 1  # still one slot: the second waited its turn
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_sink_failing_on_the_read_that_ends_the_body_does_not_stall_the_relay(chunked: bool) -> None:
+    """The client leaves (the sink raises) on the very read that completes the response: the relay
+    returns at once (the response is whole) and the connection, its reader gone mid-read, is not
+    pooled; the request never waits for a timeout."""
+    first, last = (b"5\r\nhel", b"lo\r\n0\r\n\r\n") if chunked else (b"hel", b"lo")
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: 5"
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _n: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n" + first)
+            await writer.drain()
+            await asyncio.sleep(0.1)  # the last bytes in a read of their own
+            writer.write(last)
+            await writer.drain()
+
+    async with Raw(script) as srv, pool_for(srv.port, read_timeout=30.0) as pool:
+        resp = await pool.request("POST", "/v1/x", [], b"{}", PhaseClock(0.0))
+        got = bytearray()
+
+        def sink(chunk: bytes) -> bool:
+            if got:
+                raise ConnectionResetError("the client left")  # what the relay's sink raises then
+            got.extend(chunk)
+            return False
+
+        async def drained() -> None:
+            return None
+
+        try:
+            await asyncio.wait_for(resp.relay(sink, drained), 5)  # 30 s read timeout: a stall fails here
+        finally:
+            resp.close()
+        assert bytes(got) == b"hel" and resp.complete
+        _, body, phase = await fetch(pool)
+        assert body == b"hello" and not phase.reused and srv.connections == 2
+
+
 async def test_https_upstream_is_verified_and_named(tmp_path: object) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("localhost")
