@@ -168,7 +168,9 @@ asyncio.run(main())
 
 
 async def test_the_supervisor_counts_drops_sink_errors_and_a_dead_workers_requests_in_flight(tmp_path: Path) -> None:
-    settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1)
+    settings = Settings(
+        upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1, access_log=True
+    )
     command = (sys.executable, "-c", REPORTS_THEN_DIES, str(tmp_path / "first"))
     async with supervising(settings, worker_command=command) as group:
 
@@ -181,6 +183,8 @@ async def test_the_supervisor_counts_drops_sink_errors_and_a_dead_workers_reques
     assert samples[("taotrace_sink_errors_total", (("sink", "spans"),))] == 3
     assert samples[("taotrace_sink_errors_total", (("sink", "workers_ship"),))] == 2
     assert samples[("taotrace_sink_errors_total", (("sink", "live_view"),))] == 0  # the supervisor's own, from 0
+    for in_workers in ("record", "access_log"):  # the workers' own, from 0 too (as in one process)
+        assert samples[("taotrace_sink_errors_total", (("sink", in_workers),))] == 0, in_workers
     lost = {
         dict(labels)["api"]: (dict(labels)["model"], dict(labels)["status_code"], n)
         for (name, labels), n in samples.items()

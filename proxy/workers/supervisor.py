@@ -160,12 +160,15 @@ class _Supervisor:
         self.group = group
         self.telemetry = telemetry
         # The group's records fan out as one process's do (`proxy/sinks.py`): the metrics, then
-        # each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}.
+        # each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}. The
+        # workers' own sinks are counted here from their Records: at 0 from the start too, as in
+        # one process (an alert on a series that does not exist yet never fires).
+        in_workers = ("record", "workers_ship", *(("access_log",) if settings.access_log else ()))
         self.sinks: Sinks[RequestRecord] = Sinks(
             [Named("metrics", group.metrics.record), *observers],
             group.metrics.sink_errors,
             RateLimitedLog(log),
-            more=("spans",),
+            more=("spans", *in_workers),
         )
         # Workers ship their spans' starts only when spans leave from here.
         self.ship_spans = bool(sdk_internals.span_processors(telemetry.tracer))
