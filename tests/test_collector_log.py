@@ -10,18 +10,25 @@ import socket
 
 import pytest
 from aiohttp import web
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
 from proxy.logs.origin import origin
 from proxy.telemetry.collector_log import LOGGERS, collector_warnings, endpoints_from
+from proxy.telemetry.otlp_env import export_settings
+from proxy.telemetry.span_exporter import OtlpSpanExporter
 
 
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def exporter(env: dict[str, str]) -> OtlpSpanExporter:
+    settings = export_settings(env, "traces")
+    assert settings is not None
+    return OtlpSpanExporter(settings)
 
 
 def ours(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -64,7 +71,8 @@ async def test_a_collector_answering_503_is_named_with_its_status(caplog: pytest
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base = "http://127.0.0.1:%d" % runner.addresses[0][1]
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=1.5)))
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OTEL_EXPORTER_OTLP_TIMEOUT": "1.5"}
+    provider.add_span_processor(SimpleSpanProcessor(exporter(env)))
     try:
         with caplog.at_level(logging.DEBUG):
             async with collector_warnings({"OTEL_EXPORTER_OTLP_ENDPOINT": base}, logging.getLogger("taotrace")):
@@ -81,7 +89,7 @@ async def test_a_collector_answering_503_is_named_with_its_status(caplog: pytest
 async def test_a_full_span_queue_is_one_line_and_other_records_pass(caplog: pytest.LogCaptureFixture) -> None:
     endpoint = f"http://127.0.0.1:{closed_port()}"
     processor = BatchSpanProcessor(
-        OTLPSpanExporter(endpoint=endpoint + "/v1/traces", timeout=2),
+        exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}),
         max_queue_size=2,
         max_export_batch_size=2,
         schedule_delay_millis=60_000,
@@ -93,7 +101,7 @@ async def test_a_full_span_queue_is_one_line_and_other_records_pass(caplog: pyte
             for _ in range(10):  # some dropped while the first batch fails, each a "Queue full" record
                 provider.get_tracer("t").start_span("s").end()
             # Not about exporting: passes untouched.
-            logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter").warning("Unsupported thing")
+            logging.getLogger("proxy.telemetry.span_exporter").warning("Unsupported thing")
             await asyncio.to_thread(processor.shutdown)
     assert ours(caplog)[0].startswith(f"the span queue is full: spans are dropped (the collector {endpoint} ")
     full = [m for m in ours(caplog) if m.startswith("the span queue is full")]

@@ -7,9 +7,20 @@ signals read the variables the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["otlp_target", "resource_attributes", "shown_endpoint", "span_destination", "traces_exporter"]
+__all__ = [
+    "ExportSettings",
+    "export_settings",
+    "otlp_target",
+    "resource_attributes",
+    "shown_endpoint",
+    "span_destination",
+    "traces_exporter",
+]
+
+DEFAULT_TIMEOUT = 10.0  # seconds, the Python SDK's default for OTEL_EXPORTER_OTLP_TIMEOUT
 
 
 def resource_attributes(env: Mapping[str, str], version: str) -> dict[str, str]:
@@ -81,3 +92,67 @@ def span_destination(env: Mapping[str, str]) -> str:
         return "spans not exported (set OTEL_EXPORTER_OTLP_ENDPOINT)"
     protocol, endpoint = target
     return f"spans to {shown_endpoint(endpoint)} (OTLP {'grpc' if protocol == 'grpc' else 'http/protobuf'})"
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """How one signal is sent over OTLP, from the standard variables (headers hold secrets: never print them)."""
+
+    protocol: str  # "grpc" or "http/protobuf"
+    endpoint: str
+    headers: tuple[tuple[str, str], ...]
+    timeout: float  # seconds for one export, retries included
+    gzip: bool
+    certificate: str | None  # a CA bundle to trust instead of the system's
+    client_certificate: str | None
+    client_key: str | None
+    insecure: bool  # gRPC: plaintext (an http:// endpoint, or OTEL_EXPORTER_OTLP_INSECURE=true)
+
+
+def _headers(text: str) -> tuple[tuple[str, str], ...]:
+    """`k=v,k2=v2`, percent-encoded (the W3C baggage format the spec names); keys lower-cased."""
+    out = []
+    for pair in text.split(","):
+        key, sep, value = pair.partition("=")
+        key = unquote(key).strip().lower()
+        if sep and key:
+            out.append((key, unquote(value).strip()))
+    return tuple(out)
+
+
+def _timeout(text: str | None) -> float:
+    """Seconds, as the Python SDK reads OTEL_EXPORTER_OTLP_TIMEOUT; the default when absent or wrong."""
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if 0 < value < float("inf") else DEFAULT_TIMEOUT
+
+
+def export_settings(env: Mapping[str, str], signal: str) -> ExportSettings | None:
+    """The settings for `signal` ("traces" or "metrics"); None when no endpoint is set.
+
+    For each variable the signal's own (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`) wins over the generic one.
+    """
+    target = otlp_target(env, signal)
+    if target is None:
+        return None
+    protocol, endpoint = target
+    upper = signal.upper()
+
+    def read(name: str) -> str | None:
+        return env.get(f"OTEL_EXPORTER_OTLP_{upper}_{name}") or env.get(f"OTEL_EXPORTER_OTLP_{name}") or None
+
+    scheme = endpoint.split("://", 1)[0].lower() if "://" in endpoint else ""
+    insecure = scheme == "http" or (not scheme and (read("INSECURE") or "").strip().lower() == "true")
+    return ExportSettings(
+        protocol="grpc" if protocol == "grpc" else "http/protobuf",
+        endpoint=endpoint,
+        headers=_headers(read("HEADERS") or ""),
+        timeout=_timeout(read("TIMEOUT")),
+        gzip=(read("COMPRESSION") or "").strip().lower() == "gzip",
+        certificate=read("CERTIFICATE"),
+        client_certificate=read("CLIENT_CERTIFICATE"),
+        client_key=read("CLIENT_KEY"),
+        insecure=insecure,
+    )

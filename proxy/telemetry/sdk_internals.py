@@ -1,7 +1,7 @@
 """Every use of the OpenTelemetry SDK's and exporters' private internals, in one place.
 
-The fast paths of `spans.py` (spans built without a live SDK span) and the exporters that encode
-with `otlp.py` (~5x less CPU per span) rely on how this SDK version is put together. Each is
+The fast paths of `spans.py` (spans built without a live SDK span) and `BulkRecorder` rely on how
+this SDK version is put together (the span exporter is our own: `span_exporter.py`). Each is
 taken only when the pieces it needs are where this module expects them, and falls back to the
 SDK's public path otherwise; tests/test_telemetry_fast.py and tests/test_telemetry_otlp.py pin
 that the fast output equals the public path's, span for span and byte for byte. The versions
@@ -25,12 +25,6 @@ Private names used, and why:
   each is end only (`add_span_processor` replaces the tuple, so a changed identity is noticed).
 - `sampling._AlwaysOn`, `sampling._ParentBasedAlwaysOn`, `sampling._ParentBasedAlwaysOff`: the
   classes of the built-in samplers that sample every child of a sampled parent.
-- `OTLPSpanExporter._translate_data` (gRPC): the hook whose request message is built from our
-  bytes.
-- `OTLPSpanExporter._shutdown`, `._metrics`, `._client`, `._max_request_size` and
-  `exporter.otlp.proto.http._common._is_request_too_large` / `RequestPayloadTooLargeError`,
-  `trace_exporter._logger` (HTTP): `export` encodes with the library's encoder inline, so the
-  subclass repeats its body (1.45) with our bytes.
 - Metrics (`BulkRecorder`, a stream's chunk gaps into an SDK histogram at once):
   `sdk.metrics._internal._view_instrument_match._hash_attributes` (the key the SDK files an
   attribute set under); `sdk.metrics._internal.aggregation._ExplicitBucketHistogramAggregation`
@@ -62,7 +56,7 @@ from opentelemetry.metrics import Histogram
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, sampling
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import (
     Link,
@@ -78,8 +72,6 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util import types
 
-from proxy.telemetry import otlp
-
 __all__ = [
     "VERIFIED",
     "BulkRecorder",
@@ -90,8 +82,6 @@ __all__ = [
     "direct_root",
     "end_only",
     "fast_paths",
-    "grpc_exporter",
-    "http_exporter",
     "is_w3c_textmap",
     "span_processors",
 ]
@@ -101,8 +91,6 @@ VERIFIED = {
     "opentelemetry-api": "1.45",
     "opentelemetry-sdk": "1.45",
     "opentelemetry-exporter-otlp-proto-common": "1.45",
-    "opentelemetry-exporter-otlp-proto-grpc": "1.45",
-    "opentelemetry-exporter-otlp-proto-http": "1.45",
     "opentelemetry-proto": "1.45",
 }
 
@@ -408,95 +396,6 @@ def direct_children(
                 status=_UNSET if status is None else status,
             )
         )
-
-
-# --- The production exporters, encoding with proxy.telemetry.otlp --------------------------------
-#
-# gRPC: OTLPSpanExporter._translate_data (the one hook the SDK's gRPC mixin has for this) returns
-# the request message parsed back from our bytes (upb parses ~0.4 us/span; the stub serialises it).
-# HTTP: OTLPSpanExporter.export calls the library encoder directly, so the subclass repeats its
-# body (1.45: shutdown check, export metrics, size limit, client.export) with our bytes; when any
-# piece it relies on is missing (another SDK version) it calls the library's export unchanged.
-
-
-def http_exporter(endpoint: str) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
-
-    try:
-        from opentelemetry.exporter.otlp.proto.http._common import (
-            RequestPayloadTooLargeError,
-            _is_request_too_large,
-        )
-        from opentelemetry.semconv.attributes.http_attributes import (
-            HTTP_RESPONSE_STATUS_CODE,
-        )
-    except ImportError:  # another exporter version: the library's own export
-        return http.OTLPSpanExporter(endpoint=endpoint)
-    from opentelemetry.sdk.trace.export import SpanExportResult
-
-    class HttpSpanExporter(http.OTLPSpanExporter):
-        """OTLP/HTTP protobuf with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
-
-        _fast = True
-
-        def export(self, spans: Sequence[Any]) -> Any:
-            if not self._fast or self._shutdown:
-                return super().export(spans)
-            with self._metrics.export_operation(len(spans)) as result:
-                try:
-                    serialized_data = otlp.encode_spans(spans, otlp.release_gil)  # falls back to the library encoder
-                except Exception as error:  # noqa: BLE001 - as the library's export: a failed batch, never a raise
-                    http._logger.error("Failed to encode span batch: %s", error)
-                    result.error = error
-                    return SpanExportResult.FAILURE
-                if _is_request_too_large(serialized_data, self._max_request_size):
-                    http._logger.warning(
-                        "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.",
-                        len(serialized_data),
-                        self._max_request_size,
-                    )
-                    result.error = RequestPayloadTooLargeError(
-                        f"Serialized span request size {len(serialized_data)} "
-                        f"bytes exceeds max_request_size {self._max_request_size} bytes."
-                    )
-                    return SpanExportResult.FAILURE
-                export_result = self._client.export(serialized_data)
-                if not export_result.success:
-                    result.error = export_result.error
-                    result.error_attrs = (
-                        {HTTP_RESPONSE_STATUS_CODE: export_result.status_code}
-                        if export_result.status_code is not None
-                        else None
-                    )
-                    return SpanExportResult.FAILURE
-            return SpanExportResult.SUCCESS
-
-    exporter = HttpSpanExporter(endpoint=endpoint)
-    exporter._fast = all(hasattr(exporter, a) for a in ("_shutdown", "_metrics", "_client", "_max_request_size"))
-    return exporter
-
-
-def grpc_exporter(endpoint: str) -> SpanExporter:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-        OTLPSpanExporter as GrpcExporter,
-    )
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-    )
-
-    if not callable(getattr(GrpcExporter, "_translate_data", None)):
-        return GrpcExporter(endpoint=endpoint)
-
-    class GrpcSpanExporter(GrpcExporter):
-        """OTLP/gRPC with `proxy.telemetry.otlp.encode_spans`; everything else is the library's."""
-
-        def _translate_data(self, data: Sequence[Any]) -> ExportTraceServiceRequest:
-            request: ExportTraceServiceRequest = ExportTraceServiceRequest.FromString(
-                otlp.encode_spans(data, otlp.release_gil)
-            )
-            return request
-
-    return GrpcSpanExporter(endpoint=endpoint)
 
 
 # --- Many values into an SDK histogram at once (the GenAI metrics' chunk gaps) --------------------

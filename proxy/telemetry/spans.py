@@ -40,9 +40,10 @@ from proxy.dialects import RequestInfo
 from proxy.record import RequestRecord, Traced
 from proxy.routes import Route
 from proxy.telemetry import sdk_internals
-from proxy.telemetry.otlp_env import otlp_target, resource_attributes, traces_exporter
+from proxy.telemetry.otlp_env import export_settings, resource_attributes, traces_exporter
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
+from proxy.telemetry.span_exporter import OtlpSpanExporter
 from proxy.timing import RequestTiming, SpanContextValues, SpanStart
 
 __all__ = ["Telemetry", "build_tracer_provider", "shutdown_tracer_provider"]
@@ -57,16 +58,11 @@ def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
         return None
     if kind == "console":
         return ConsoleSpanExporter()
-    target = otlp_target(env, "traces")
-    if target is None:
+    settings = export_settings(env, "traces")
+    if settings is None:
         return None
-    protocol, endpoint = target
-    # The endpoint is passed explicitly so a mapping given here wins; headers, timeout,
-    # compression and certificates are read by the exporter from the process environment.
-    # The library's exporters, encoding with proxy.telemetry.otlp (the same bytes, ~5x less CPU per span).
-    if protocol == "grpc":
-        return sdk_internals.grpc_exporter(endpoint)
-    return sdk_internals.http_exporter(endpoint)
+    # Our own exporter: `otlp.py`'s bytes over HTTP/protobuf or gRPC, with the spec's retries.
+    return OtlpSpanExporter(settings)
 
 
 def build_tracer_provider(env: Mapping[str, str] | None = None, *, export: bool = True) -> TracerProvider:

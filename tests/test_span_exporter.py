@@ -1,0 +1,290 @@
+"""Our OTLP span exporter against real in-process collectors (HTTP and gRPC): the bytes it sends
+decode to what the SDK's own encoder makes, the OTEL_EXPORTER_OTLP_* variables are honoured, and
+429/503 (with Retry-After), other failures and a dead collector end as the spec says."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type information
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as library_encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+
+from proxy.telemetry.collector_log import collector_warnings
+from proxy.telemetry.otlp_env import export_settings
+from proxy.telemetry.otlp_transport import retry_after_seconds
+from proxy.telemetry.span_exporter import OtlpSpanExporter, backoff
+from proxy.telemetry.spans import build_tracer_provider
+
+SPANS = [
+    ReadableSpan(
+        "chat gpt-4o-mini",
+        context=SpanContext(0xABC, 0x1 + i, False, TraceFlags(1)),
+        resource=Resource.create({"service.name": "taotrace"}),
+        attributes={"gen_ai.request.model": "gpt-4o-mini", "n": i},
+        kind=SpanKind.CLIENT,
+        start_time=1_000 + i,
+        end_time=2_000 + i,
+        instrumentation_scope=InstrumentationScope("taotrace", "1"),
+    )
+    for i in range(3)
+]
+EXPECTED = ExportTraceServiceRequest.FromString(library_encode_spans(SPANS).SerializePartialToString())
+
+
+@dataclass
+class Collector:
+    """Answers each POST with the next scripted (status, headers); 200 once the script is used up."""
+
+    url: str
+    script: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    got: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    state = Collector("")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            state.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            status, headers = state.script.pop(0) if state.script else (200, {})
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+def exporter(env: dict[str, str]) -> OtlpSpanExporter:
+    settings = export_settings(env, "traces")
+    assert settings is not None
+    return OtlpSpanExporter(settings)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_provider_exports_through_ours_and_the_bytes_decode_to_the_sdk_encoders(collector: Collector) -> None:
+    provider = build_tracer_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url})
+    (processor,) = provider._active_span_processor._span_processors
+    ours = processor.span_exporter  # type: ignore[attr-defined]  # the batch processor's
+    assert type(ours) is OtlpSpanExporter
+    assert ours.export(SPANS) == SpanExportResult.SUCCESS
+    headers, body = collector.got[0]
+    assert ExportTraceServiceRequest.FromString(body) == EXPECTED
+    assert headers["content-type"] == "application/x-protobuf"
+    provider.shutdown()
+    assert ours.export(SPANS) == SpanExportResult.FAILURE  # after shutdown, as the SDK's
+
+
+def test_headers_path_and_gzip_come_from_the_variables(collector: Collector) -> None:
+    ours = exporter(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://ignored.invalid:1",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url + "/custom/path",
+            "OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20k1,x-other=2",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "authorization=Bearer%20k2",  # the signal's own wins
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+        }
+    )
+    assert ours.export(SPANS) == SpanExportResult.SUCCESS
+    headers, body = collector.got[0]
+    assert headers["authorization"] == "Bearer k2" and "x-other" not in headers
+    assert headers["content-encoding"] == "gzip"
+    assert ExportTraceServiceRequest.FromString(gzip.decompress(body)) == EXPECTED
+    ours.shutdown()
+
+
+def test_429_waits_what_retry_after_asks_then_succeeds(collector: Collector) -> None:
+    collector.script = [(429, {"Retry-After": "1"})]
+    ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "20"})
+    began = time.monotonic()
+    assert ours.export(SPANS) == SpanExportResult.SUCCESS
+    assert time.monotonic() - began >= 0.95  # a lower bound: load only lengthens it
+    assert [ExportTraceServiceRequest.FromString(b) for _, b in collector.got] == [EXPECTED, EXPECTED]
+    assert ours.dropped == 0
+
+
+def test_503_with_an_http_date_retry_after_is_honoured(collector: Collector) -> None:
+    collector.script = [(503, {"Retry-After": formatdate(time.time() + 2, usegmt=True)})]
+    ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "20"})
+    began = time.monotonic()
+    assert ours.export(SPANS) == SpanExportResult.SUCCESS
+    assert time.monotonic() - began >= 0.5  # the date has whole seconds: at least 1 s minus rounding
+    assert len(collector.got) == 2
+
+
+def test_a_retry_after_beyond_the_timeout_gives_up_at_once_and_counts_the_drop(
+    collector: Collector, caplog: pytest.LogCaptureFixture
+) -> None:
+    collector.script = [(503, {"Retry-After": "120"})]
+    ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "5"})
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        assert ours.export(SPANS) == SpanExportResult.FAILURE
+    assert time.monotonic() - began < 4  # never waited the 120 s, nor the 5 s timeout
+    assert len(collector.got) == 1 and ours.dropped == len(SPANS)
+    (record,) = [r for r in caplog.records if r.name == "proxy.telemetry.span_exporter"]
+    assert 503 in record.args  # type: ignore[operator]  # the status, for CollectorLog
+
+
+def test_a_final_status_is_not_retried(collector: Collector) -> None:
+    collector.script = [(400, {})]
+    ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url})
+    assert ours.export(SPANS) == SpanExportResult.FAILURE
+    assert len(collector.got) == 1
+
+
+def test_a_dead_collector_fails_within_the_timeout_without_raising() -> None:
+    ours = exporter(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+    )
+    began = time.monotonic()
+    assert ours.export(SPANS) == SpanExportResult.FAILURE
+    assert time.monotonic() - began < 2 + 5  # the deadline, plus a loaded machine's slack
+    assert ours.dropped == len(SPANS)
+
+
+def test_shutdown_ends_a_back_off_at_once(collector: Collector) -> None:
+    collector.script = [(503, {"Retry-After": "30"})]
+    ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "60"})
+    result: list[SpanExportResult] = []
+    worker = threading.Thread(target=lambda: result.append(ours.export(SPANS)))
+    worker.start()
+    for _ in range(500):
+        if collector.got:
+            break
+        time.sleep(0.01)
+    time.sleep(0.1)
+    ours.shutdown()
+    worker.join(10)
+    assert result == [SpanExportResult.FAILURE]
+
+
+async def test_the_collector_line_names_the_status(collector: Collector, caplog: pytest.LogCaptureFixture) -> None:
+    collector.script = [(503, {"Retry-After": "120"})] * 2
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
+    ours = exporter(env)
+    with caplog.at_level(logging.DEBUG):
+        async with collector_warnings(env, logging.getLogger("taotrace")):
+            ours.export(SPANS)
+    line = f"OTLP export to {collector.url} failed: HTTP 503 Service Unavailable; requests are not affected"
+    assert [r.getMessage() for r in caplog.records if r.name == "taotrace"][0].startswith(line), caplog.text
+    assert [r for r in caplog.records if r.name != "taotrace" and r.levelno >= logging.WARNING] == []
+
+
+def test_retry_after_and_backoff() -> None:
+    now = 1_700_000_000.0
+    assert retry_after_seconds("7", now) == 7.0
+    assert retry_after_seconds(formatdate(now + 30, usegmt=True), now) == pytest.approx(30, abs=1)
+    assert retry_after_seconds(formatdate(now - 30, usegmt=True), now) == 0.0
+    assert retry_after_seconds("soon", now) is None and retry_after_seconds(None, now) is None
+    assert [backoff(a, 1.0) for a in range(8)] == [1, 2, 4, 8, 16, 32, 32, 32]
+
+
+def test_settings_from_the_variables() -> None:
+    assert export_settings({}, "traces") is None
+    s = export_settings(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "2.5",
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
+        },
+        "traces",
+    )
+    assert s is not None and (s.protocol, s.endpoint, s.insecure, s.timeout, s.gzip) == (
+        "grpc",
+        "collector:4317",
+        True,
+        2.5,
+        True,
+    )
+    s = export_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "x"}, "traces")
+    assert s is not None and (s.endpoint, s.insecure, s.timeout, s.gzip) == (
+        "https://c:4318/v1/traces",
+        False,
+        10.0,
+        False,
+    )
+
+
+class _GrpcCollector:
+    def __init__(self, codes: list[grpc.StatusCode]) -> None:
+        self.codes = codes
+        self.got: list[tuple[bytes, dict[str, str]]] = []
+
+    def export(self, request: bytes, context: Any) -> bytes:
+        self.got.append((request, dict(context.invocation_metadata())))
+        if self.codes:
+            context.abort(self.codes.pop(0), "scripted")
+        return b""  # an empty ExportTraceServiceResponse
+
+
+@pytest.fixture
+def grpc_collector() -> Iterator[tuple[str, _GrpcCollector]]:
+    state = _GrpcCollector([])
+    handler = grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService",
+        {"Export": grpc.unary_unary_rpc_method_handler(state.export)},  # bytes in, bytes out
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"http://127.0.0.1:{port}", state
+    server.stop(None)
+
+
+def test_grpc_sends_the_same_request_and_retries_unavailable(grpc_collector: tuple[str, _GrpcCollector]) -> None:
+    url, state = grpc_collector
+    state.codes = [grpc.StatusCode.UNAVAILABLE]
+    ours = exporter(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=k",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "20",
+        }
+    )
+    assert ours.export(SPANS) == SpanExportResult.SUCCESS
+    assert [ExportTraceServiceRequest.FromString(b) for b, _ in state.got] == [EXPECTED, EXPECTED]
+    assert state.got[0][1]["authorization"] == "k"
+    state.codes = [grpc.StatusCode.INVALID_ARGUMENT]  # final: not retried
+    assert ours.export(SPANS) == SpanExportResult.FAILURE
+    assert len(state.got) == 3
+    ours.shutdown()
