@@ -207,18 +207,19 @@ async def test_demo_a_second_ctrl_c_cuts_what_its_proxy_still_serves() -> None:
 
 
 @pytest.mark.timeout(90)
-async def test_demo_ctrl_c_during_the_experiments_stops_them() -> None:
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+async def test_demo_ctrl_c_during_the_experiments_stops_them(sig: signal.Signals, status: int) -> None:
     cmd = Command("demo", "--port", "0", "--metrics-port", "0", "--max-tokens", "400")  # ~40 s of runs
     try:
         await asyncio.sleep(3.0)  # started, and the first runs are under way
         assert cmd.proc.poll() is None and "streaming runs" not in cmd.text()
-        sent = cmd.signal()
+        sent = cmd.signal(sig)
         ended = await cmd.exited(CUT_AT_ONCE)
     finally:
         cmd.close()
-    assert cmd.proc.returncode == 130 and "demo: interrupted" in cmd.text(), cmd.text()
+    assert cmd.proc.returncode == status and "demo: interrupted" in cmd.text(), cmd.text()  # 128 + the signal
     assert "Traceback" not in cmd.text()
-    print(f"\nCtrl-C during the experiments -> exit in {ended - sent:.2f} s")
+    print(f"\n{sig.name} during the experiments -> exit in {ended - sent:.2f} s")
 
 
 @TIMING_BARS
