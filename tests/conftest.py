@@ -5,7 +5,9 @@ the real proxy started in-process on port 0 in front of them, and a forward prox
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,27 @@ async def proxy(start_proxy: ProxyFactory) -> AsyncIterator[Proxied]:
 async def client() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         yield session
+
+
+@pytest.fixture
+def blackhole() -> Iterator[int]:
+    """A loopback port whose SYNs are never answered (listen(0), queue filled, never accepted): a
+    connect timeout without a network."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(c)
+    time.sleep(0.1)
+    yield port
+    for c in fillers:
+        c.close()
+    server.close()

@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -148,29 +148,6 @@ async def test_a_dead_collector_is_one_line_of_ours_and_requests_are_unaffected(
 
 
 # --- each cause, in this process -------------------------------------------------------------------
-
-
-@pytest.fixture
-def blackhole() -> Iterator[int]:
-    """A loopback port whose SYNs are never answered: listen(0), queue filled, never accepted."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    port = server.getsockname()[1]
-    fillers = []
-    for _ in range(4):
-        c = socket.socket()
-        c.setblocking(False)
-        try:
-            c.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        fillers.append(c)
-    time.sleep(0.1)
-    yield port
-    for c in fillers:
-        c.close()
-    server.close()
 
 
 async def _silent(request: web.Request) -> web.StreamResponse:

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -23,29 +22,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def blackhole() -> Iterator[int]:
-    """A loopback port whose SYNs are never answered: listen(0), queue filled, never accepted."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    port = server.getsockname()[1]
-    fillers = []
-    for _ in range(4):
-        c = socket.socket()
-        c.setblocking(False)
-        try:
-            c.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        fillers.append(c)
-    time.sleep(0.1)
-    yield port
-    for c in fillers:
-        c.close()
-    server.close()
 
 
 @TIMING_BARS
