@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -339,3 +340,35 @@ def test_an_open_unguarded_live_view_is_warned_of_in_the_commands_own_flags() ->
         live_view_warning(url, ["0.0.0.0"], ui=False, token=False, capture_content=False),
     ):
         assert quiet is None
+
+
+def _in_private_network(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m proxy ARGS` in a network namespace of its own (loopback only, up), where binding
+    0.0.0.0 reaches nothing outside it. Skips where such a namespace cannot be made."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("needs unshare and ip (util-linux, iproute2) for a private network namespace")
+    probe = subprocess.run(["unshare", "-rn", "ip", "link", "set", "lo", "up"], capture_output=True, timeout=10)
+    if probe.returncode != 0:
+        pytest.skip("cannot create a network namespace here")
+    script = 'ip link set lo up && exec "$@"'
+    return subprocess.run(
+        ["unshare", "-rn", "sh", "-c", script, "sh", sys.executable, "-m", "proxy", *args],
+        cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(120)
+def test_demo_on_an_open_host_warns_of_its_live_view_unless_a_token_guards_it() -> None:
+    args = ("demo", "--once", "--host", "0.0.0.0", "--time-scale", "0.3", "--max-tokens", "4",
+            "--base-tokens", "100", "--cache-tokens", "200")  # fmt: skip
+    open_view = _in_private_network(*args, env=_env())
+    assert open_view.returncode == 0, open_view.stderr
+    warnings = [line for line in open_view.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and re.fullmatch(
+        r"demo: warning: the live view on http://0\.0\.0\.0:\d+/ is open to anyone who can reach this address "
+        r"and shows every request; set TAOTRACE_UI_TOKEN, or listen on 127\.0\.0\.1 \(--host\)",
+        warnings[0],
+    ), open_view.stderr
+    guarded = _in_private_network(*args, env=_env(TAOTRACE_UI_TOKEN="a-token-for-the-live-view"))
+    assert guarded.returncode == 0, guarded.stderr
+    assert "warning" not in guarded.stderr and "a-token-for-the-live-view" not in guarded.stderr + guarded.stdout
