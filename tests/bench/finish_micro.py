@@ -5,7 +5,9 @@
 
 Each step runs on the input a 16-token chat stream through the bench upstream gives it (a
 Bearer key, the upstream's six response headers, 16 token events, 19 reads, TCP_INFO through
-uvloop's transport socket as the proxy reads it), plus `metrics.record` of a 256-token stream;
+uvloop's transport socket as the proxy reads it), plus `metrics.record` of a 256-token stream,
+and the GenAI metrics' recording (on their worker thread, off the loop) of both streams into an SDK
+meter provider read by an in-memory reader;
 best of `--best` runs of `--number` calls, and with several trees the best of `--rounds`
 interleaved runs of each (a fresh process per run).
 """
@@ -48,6 +50,8 @@ _KEEP: list[Any] = []
 def steps(src: Path) -> dict[str, Callable[[], Any]]:
     sys.path.insert(0, str(src))
     from multidict import CIMultiDict, CIMultiDictProxy
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from prometheus_client import CollectorRegistry
 
     from proxy import tcpinfo
@@ -55,7 +59,8 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     from proxy.accounting.ratelimits import read_rate_limits
     from proxy.dialects import Usage
     from proxy.record import RequestRecord
-    from proxy.telemetry.metrics import Metrics
+    from proxy.telemetry.genai_metrics import GenAIMetrics, views
+    from proxy.telemetry.metrics import Metrics, ModelLabels
     from proxy.timing import PhaseClock
     from proxy.ui import LiveView
 
@@ -110,6 +115,15 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     metrics.in_flight.labels("", "chat_completions")
     live = LiveView(1000)
     long = replace(record, timing=clock(256).finish(1.3, 256, streaming=True))
+    # As build_meter_provider makes it, with an in-memory reader in place of the exporter.
+    provider = MeterProvider([InMemoryMetricReader()], views=views(), exemplar_filter=AlwaysOffExemplarFilter())
+    genai = GenAIMetrics(provider, server_address="127.0.0.1", server_port=8788, models=ModelLabels())
+    genai.stop()  # its worker ends; drain() below records on this thread, as the worker would
+
+    def genai_record(rec: RequestRecord) -> None:
+        genai(rec)
+        genai.drain()
+
     return {
         "timing.finish": lambda: done.finish(1.04, 16, streaming=True),
         "attribution (key id)": lambda: attributor(client, None),
@@ -120,6 +134,8 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
         "in-flight gauge labels()": lambda: metrics.in_flight.labels("", "chat_completions"),
         "metrics.record, 256 tokens": lambda: metrics.record(long),
         "live view observe": lambda: live.observe(record),
+        "GenAI metrics (worker)": lambda: genai_record(record),
+        "GenAI metrics, 256 tokens": lambda: genai_record(long),
     }
 
 
@@ -156,7 +172,8 @@ def main() -> None:
     print(
         f"{'sum (16-token stream, no limits)':32s}"
         + "".join(
-            f"{sum(v for k, v in best[src].items() if 'OpenAI' not in k and '256' not in k):20.2f}" for src in srcs
+            f"{sum(v for k, v in best[src].items() if 'OpenAI' not in k and '256' not in k and 'GenAI' not in k):20.2f}"
+            for src in srcs
         )
     )
 
