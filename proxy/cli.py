@@ -147,7 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command, settings = parsed
     run: Callable[[BaseModel], int] = getattr(importlib.import_module(command.module), command.run)
-    return run(settings)
+    try:
+        return run(settings)
+    except KeyboardInterrupt:
+        # A Ctrl-C before the command took the signal over (its first instants): a stop, not a
+        # crash, so one line and the shell's status for SIGINT instead of a traceback.
+        print(f"taotrace {command.name}: interrupted while starting", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

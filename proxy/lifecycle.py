@@ -42,6 +42,9 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         import uvloop
     except ImportError:  # pragma: no cover - not on every platform
         return asyncio.run(main)
+    except BaseException:  # a Ctrl-C this early: `main` never ran, so close it (no "never awaited")
+        main.close()
+        raise
     return uvloop.run(main)
 
 

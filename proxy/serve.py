@@ -25,7 +25,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
-from proxy.app import ServerState, mirror_policy, upstream_url
+from proxy.app import ServerState, mirror_policy
 from proxy.banner import live_view_warning, startup_line
 from proxy.dialects import DIALECTS, Dialects
 from proxy.envproxy import forward_proxy_for
@@ -35,7 +35,7 @@ from proxy.logs.origin import without_credentials
 from proxy.mirror import describe
 from proxy.record import RequestRecord
 from proxy.reporting import Reporting
-from proxy.routes import default_route_conflict, routes_for
+from proxy.routes import Route, default_route_conflict, routes_for
 from proxy.serving import serving
 from proxy.settings import Settings
 from proxy.telemetry.metrics import Metrics
@@ -117,6 +117,11 @@ async def running(
             sock.close()
 
 
+def _root_route(settings: Settings) -> Route:
+    """The route of `/`: where a request no other route claims goes."""
+    return next(r for r in routes_for(settings.upstream, settings.routes) if r.prefix == "")
+
+
 async def serve(settings: Settings, accounting: Accounting | None = None) -> None:
     """The proxy in this process, until SIGTERM or SIGINT."""
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)  # see lifecycle.py
@@ -128,10 +133,12 @@ async def serve(settings: Settings, accounting: Accounting | None = None) -> Non
         gc.freeze()
         announce(settings, srv.proxy_url, srv.metrics_url, srv.metrics_addresses, ui=srv.live is not None)
         await shutdown.wait()
+        n = len(srv.state.in_flight)
         log.info(
-            "draining: up to %gs for %d requests in flight; a second Ctrl-C or SIGTERM cuts them now",
+            "draining: up to %gs for %d request%s in flight; a second Ctrl-C or SIGTERM cuts them now",
             settings.drain_seconds,
-            len(srv.state.in_flight),
+            n,
+            "" if n == 1 else "s",
         )
 
 
@@ -189,7 +196,8 @@ def announce(
         log.warning("%s", warning)
     line = startup_line(
         proxy_url=proxy_url,
-        upstream=str(without_credentials(upstream_url(settings.upstream))),  # userinfo holds a password
+        # The route for every other path (--upstream, or --route /=URL); userinfo holds a password.
+        upstream=str(without_credentials(_root_route(settings).url)),
         metrics_url=metrics_url,
         ui=ui,
         ui_token=token,

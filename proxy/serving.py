@@ -61,6 +61,7 @@ async def serving(
     stop_now: asyncio.Event | None = None,
     dialects: Dialects = DIALECTS,
     mirror_dropped: Callable[[str], None] = lambda reason: None,
+    who: str = "",
 ) -> AsyncIterator[str]:
     """Forward on `socks` until the block ends, then drain; yields the proxy's URL.
 
@@ -98,5 +99,6 @@ async def serving(
     finally:
         state.draining = True
         drained = await _drain(runner, state, settings.drain_seconds, stop_now)
-        log.info("drain done: %s", drained.describe(settings.drain_seconds))
+        # `who`: a group's worker names itself, so its line is not read as the whole group's.
+        log.info("drain done%s: %s", f" ({who})" if who else "", drained.describe(settings.drain_seconds))
         await runner.cleanup()

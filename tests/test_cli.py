@@ -206,3 +206,28 @@ def test_help_shows_each_flag_s_default_and_variable(command: str, capsys: pytes
         if field.default not in (None,) and _unwrap(field.annotation) is not SecretStr:
             assert "default: " in entry, entry
     assert "[default: 8787; env: TAOTRACE_PORT]" in text or command != "serve"
+
+
+# A SIGINT delivered at a fixed moment of start-up: while `run_loop` imports uvloop, before the
+# command has taken SIGINT over (the first instants after Enter, where a user's Ctrl-C lands).
+_EARLY_SIGINT = r"""
+import signal, sys
+
+sent = []
+
+def hook(event, args):
+    if event == "import" and args[0] == "uvloop" and not sent:
+        sent.append(True)
+        signal.raise_signal(signal.SIGINT)
+
+sys.addaudithook(hook)
+from proxy.cli import main
+sys.exit(main(["sim", "--port", "0"]))
+"""
+
+
+def test_a_ctrl_c_while_a_command_starts_is_one_line_and_status_130() -> None:
+    proc = subprocess.run([sys.executable, "-c", _EARLY_SIGINT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "taotrace sim: interrupted while starting"

@@ -101,6 +101,7 @@ def test_the_adapter_logs_the_first_line_then_a_summary(caplog: pytest.LogCaptur
     ]
     assert all(r.levelno == logging.WARNING and r.exc_info is None for r in caplog.records)
     assert summary(Repeats("x", 2, 59.6)) == "x (2 more in the last 60 s)"
+    assert summary(Repeats("x", 4, 0.4)) == "x (4 more in the last 0.4 s)"  # a stop soon after: never "0 s"
 
 
 async def test_flushing_logs_summaries_as_intervals_end_and_what_is_left_at_exit(

@@ -191,6 +191,23 @@ def test_the_startup_line_says_where_spans_go_without_credentials_and_warns_of_a
 
 
 @pytest.mark.timeout(60)
+def test_the_startup_line_names_the_upstream_of_a_root_route() -> None:
+    # `--route NAME:/=URL` takes every path no other route claims: that is the upstream to name,
+    # not --upstream's default (which then receives nothing).
+    serving = _Serving(
+        "--port", "0", "--metrics-port", "0", "--route", "local:/=http://u:pw@127.0.0.1:9/api",
+        "--route", "other:/other=http://127.0.0.1:10", env=_env(),
+    )  # fmt: skip
+    try:
+        line = serving.started()
+        text = serving.text()
+    finally:
+        serving.stop()
+    assert " -> http://127.0.0.1:9/api;" in line, line
+    assert "taotoken" not in line and "pw@" not in text
+
+
+@pytest.mark.timeout(60)
 def test_a_token_protected_live_view_is_said_so_and_not_warned_about() -> None:
     env = _env(TAOTRACE_UI_TOKEN="a-token-for-the-live-view", OTEL_EXPORTER_OTLP_ENDPOINT="grpc-collector:4317",
                OTEL_EXPORTER_OTLP_PROTOCOL="grpc")  # fmt: skip

@@ -24,7 +24,8 @@ DEFAULT_INTERVAL = 60.0  # seconds
 
 def summary(repeats: Repeats[str]) -> str:
     """`line (37 more in the last 60 s)`."""
-    return f"{repeats.kind} ({repeats.count} more in the last {repeats.seconds:.0f} s)"
+    seconds = f"{repeats.seconds:.0f}" if repeats.seconds >= 1 else f"{repeats.seconds:.1f}"  # never "the last 0 s"
+    return f"{repeats.kind} ({repeats.count} more in the last {seconds} s)"
 
 
 class RateLimitedLog:

@@ -288,9 +288,10 @@ class _Supervisor:
         for (upstream, api), n in lost.items():
             self.group.metrics.record_lost(upstream, api, n)
         pid = worker.proc.pid if worker.proc is not None else 0
+        total = int(sum(lost.values()))
         log.warning(
-            "worker %d (pid %d) ended with %d requests in flight: counted as error_type worker_lost",
-            worker.index, pid, sum(lost.values()),
+            "worker %d (pid %d) ended with %d request%s in flight: counted as error_type worker_lost",
+            worker.index, pid, total, "" if total == 1 else "s",
         )  # fmt: skip
 
     async def run_slot(self, worker: _Worker) -> None:

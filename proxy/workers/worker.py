@@ -155,6 +155,7 @@ async def _serve(sock: socket.socket) -> None:
         async with serving(
             settings, socks, state, telemetry=telemetry, recorder=shipper, observers=(), accounting=accounting,
             stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,
+            who=f"worker {start.index}, pid {os.getpid()}",
         ) as url:  # fmt: skip
             gc.freeze()  # as serve(): start-up objects out of the collector's reach
             writer.write(encode(Ready()))
