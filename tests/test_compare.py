@@ -28,7 +28,7 @@ from proxy.tools.compare_live import LiveError, live_prompts
 from proxy.tools.compare_plan import Sample, schedule
 from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
 from proxy.tools.compare_report import TargetInfo, result, text
-from proxy.tools.compare_stats import paired_difference, percentile
+from proxy.tools.compare_stats import MIN_PAIRS, paired_difference, percentile
 from tests.conftest import ProxyFactory
 from tests.fakes import chat_stream, stream_handler
 
@@ -54,6 +54,18 @@ def test_a_constant_shift_is_found_exactly_and_is_significant() -> None:
     assert d is not None and d.pairs == 40
     assert d.diff == pytest.approx(0.02) and d.low == pytest.approx(0.02) and d.high == pytest.approx(0.02)
     assert d.significant
+
+
+def test_too_few_pairs_are_never_a_verdict() -> None:
+    # One server against itself, 3 pairs: a percentile bootstrap on so few pairs gives an
+    # interval far too narrow, so below MIN_PAIRS nothing is called significant.
+    few = paired_difference([(0.0326, 0.0327), (0.0325, 0.0327), (0.0328, 0.0329)], random.Random(1))
+    assert few is not None and few.low > 0 and not few.enough and not few.significant
+    one = paired_difference([(0.010, 0.026)], random.Random(1))
+    assert one is not None and not one.significant
+    shifted = [(x / 100, x / 100 + 0.02) for x in range(MIN_PAIRS)]
+    enough = paired_difference(shifted, random.Random(1))
+    assert enough is not None and enough.enough and enough.significant
 
 
 def test_bootstrap_interval_holds_the_true_ratio_and_is_reproducible() -> None:

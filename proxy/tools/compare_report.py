@@ -15,7 +15,7 @@ from typing import Any
 from proxy.tools.client import ms
 from proxy.tools.compare_plan import LABELS, METRICS, Metric, Sample, pairs_of, values_of
 from proxy.tools.compare_prompts import Prompt
-from proxy.tools.compare_stats import Difference, median, paired_difference, spread
+from proxy.tools.compare_stats import MIN_PAIRS, Difference, median, paired_difference, spread
 from proxy.tools.table import align, cell
 
 __all__ = ["NOTED", "TargetInfo", "result", "text"]
@@ -49,6 +49,7 @@ def _difference(diff: Difference | None, metric: Metric) -> dict[str, Any] | Non
         "level": diff.level,
         "resamples": diff.resamples,
         "significant": diff.significant,
+        "enough_pairs": diff.enough,
         "faster": faster,
         "ratio": diff.ratio,
     }
@@ -144,6 +145,8 @@ def _verdict(d: dict[str, Any] | None, unit: str) -> tuple[str, str]:
     if d is None:
         return "-", ""
     interval = f"{_signed(d['diff'], unit)} [{_signed(d['ci_low'], unit)}, {_signed(d['ci_high'], unit)}]"
+    if not d["enough_pairs"]:
+        return interval, "too few pairs to tell"
     if not d["significant"]:
         return interval, "no significant difference"
     ratio = d["ratio"]
@@ -158,11 +161,16 @@ def _note(metric: Metric, d: dict[str, Any]) -> str:
     unit = metric.unit
     interval = f"{level} CI {_signed(d['ci_low'], unit)} to {_signed(d['ci_high'], unit)}"
     medians = f"A {_value(d['median_a'], unit)}, B {_value(d['median_b'], unit)}"
+    pairs = f"{d['pairs']} pair{'' if d['pairs'] == 1 else 's'}"
+    if not d["enough_pairs"]:
+        return (
+            f"{metric.title}: too few pairs to tell ({medians}; {pairs}, at least {MIN_PAIRS} needed: "
+            "more prompts or --runs)"
+        )
     if not d["significant"]:
         return f"{metric.title}: no significant difference ({medians}; the {interval} spans 0)"
     return (
-        f"{metric.title}: {d['faster']} is faster ({medians}; B - A = {_signed(d['diff'], unit)}, "
-        f"{interval}, {d['pairs']} pairs)"
+        f"{metric.title}: {d['faster']} is faster ({medians}; B - A = {_signed(d['diff'], unit)}, {interval}, {pairs})"
     )
 
 

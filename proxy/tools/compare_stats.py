@@ -35,6 +35,9 @@ MIN_ITERATIONS = 200
 CONFIDENCE = 0.95
 
 
+MIN_PAIRS = 8  # fewer pairs than this: "too few pairs to tell", whatever the interval says
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The `q`-th percentile (0-100) by linear interpolation between the closest ranks."""
     if not values:
@@ -83,9 +86,15 @@ class Difference:
         return self.median_b - self.median_a
 
     @property
+    def enough(self) -> bool:
+        """At least `MIN_PAIRS`: below that a percentile bootstrap's interval is far too narrow
+        (3 pairs of one server against itself called a winner 2 times in 8)."""
+        return self.pairs >= MIN_PAIRS
+
+    @property
     def significant(self) -> bool:
-        """False when the interval spans 0: no significant difference."""
-        return not (self.low <= 0.0 <= self.high)
+        """False with too few pairs, or when the interval spans 0: no significant difference."""
+        return self.enough and not (self.low <= 0.0 <= self.high)
 
     @property
     def ratio(self) -> float | None:
