@@ -7,7 +7,7 @@ from typing import Any
 
 from proxy.dialects.content import Message, Output, Part, arguments, text_part, uri_part
 from proxy.dialects.dialect import COMMON_PARAMS, Dialect
-from proxy.dialects.reader import StreamReader, items, loads, nonempty, openai_usage
+from proxy.dialects.reader import StreamReader, items, loads, nonempty, openai_output_type, openai_usage
 from proxy.sse import SSEEvent
 
 __all__ = ["API_CHAT", "DIALECT", "ChatReader", "input_messages"]
@@ -162,11 +162,7 @@ def input_messages(obj: dict[str, Any]) -> tuple[list[Message], list[Part] | Non
 
 def _output_type(obj: dict[str, Any]) -> str | None:
     """`gen_ai.output.type` from `response_format`: `json` or `text`."""
-    fmt = obj.get("response_format")
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind in ("json_object", "json_schema"):
-        return "json"
-    return "text" if kind == "text" else None
+    return openai_output_type(obj.get("response_format"))
 
 
 DIALECT = Dialect(

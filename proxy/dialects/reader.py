@@ -25,6 +25,7 @@ __all__ = [
     "model_name",
     "nonempty",
     "nonneg_int",
+    "openai_output_type",
     "openai_usage",
 ]
 
@@ -83,6 +84,15 @@ def openai_usage(u: object) -> Usage | None:
         cached_input_tokens=nonneg_int(in_details.get("cached_tokens")) if isinstance(in_details, dict) else None,
         reasoning_tokens=nonneg_int(out_details.get("reasoning_tokens")) if isinstance(out_details, dict) else None,
     )
+
+
+def openai_output_type(fmt: object) -> str | None:
+    """`gen_ai.output.type` of an OpenAI format object (chat's `response_format`, Responses'
+    `text.format`): `json` or `text`, None when it says neither."""
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("json_object", "json_schema"):
+        return "json"
+    return "text" if kind == "text" else None
 
 
 def is_chunk(event: SSEEvent) -> bool:

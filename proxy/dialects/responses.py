@@ -7,7 +7,7 @@ from typing import Any
 
 from proxy.dialects.content import Message, Output, Part, arguments, text_part, uri_part
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.reader import StreamReader, items, nonempty, openai_usage
+from proxy.dialects.reader import StreamReader, items, nonempty, openai_output_type, openai_usage
 from proxy.sse import SSEEvent
 
 __all__ = ["API_RESPONSES", "DIALECT", "ResponsesReader", "input_messages"]
@@ -156,11 +156,7 @@ def input_messages(obj: dict[str, Any]) -> tuple[list[Message], list[Part] | Non
 def _output_type(obj: dict[str, Any]) -> str | None:
     """`gen_ai.output.type` from `text.format`: `json` or `text`."""
     text = obj.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind in ("json_object", "json_schema"):
-        return "json"
-    return "text" if kind == "text" else None
+    return openai_output_type(text.get("format") if isinstance(text, dict) else None)
 
 
 DIALECT = Dialect(
