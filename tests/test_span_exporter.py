@@ -157,7 +157,7 @@ def test_a_retry_after_beyond_the_timeout_gives_up_at_once_and_counts_the_drop(
         assert ours.export(SPANS) == SpanExportResult.FAILURE
     assert time.monotonic() - began < 4  # never waited the 120 s, nor the 5 s timeout
     assert len(collector.got) == 1 and ours.dropped == len(SPANS)
-    (record,) = [r for r in caplog.records if r.name == "proxy.telemetry.span_exporter"]
+    (record,) = [r for r in caplog.records if r.name == "proxy.telemetry.otlp_delivery"]
     assert 503 in record.args  # type: ignore[operator]  # the status, for CollectorLog
 
 

@@ -39,7 +39,8 @@ __all__ = ["LOGGERS", "CollectorLog", "collector_warnings", "record_cause"]
 
 # logger name -> the signal its records are about (None: read from the record).
 LOGGERS: dict[str, str | None] = {
-    "proxy.telemetry.span_exporter": "traces",  # ours: one record per batch given up
+    "proxy.telemetry.span_exporter": "traces",  # ours: a batch it cannot encode
+    "proxy.telemetry.otlp_delivery": None,  # ours: one record per export given up; "spans"/"metrics" in args
     "opentelemetry.exporter.otlp.proto.http.metric_exporter": "metrics",  # also its HTTP client's
     "opentelemetry.exporter.otlp.common.http": None,  # the HTTP client, when given no logger
     "opentelemetry.exporter.otlp.proto.grpc.exporter": None,  # both signals; "traces"/"metrics" in args
