@@ -1,26 +1,29 @@
-"""A faster OTLP/protobuf encoding of finished spans, for the proxy's span shapes.
+"""The OTLP/protobuf encoding of our finished spans (`spandata.SpanData`), written byte by byte.
 
 `encode_spans` returns the serialised `ExportTraceServiceRequest` that
 `opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans(spans).SerializePartialToString()`
-returns (same fields, same order, same grouping by resource then scope), writing protobuf bytes
-directly instead of building and copying nested upb messages. A batch it does not cover (events,
-links, an attribute value that is a mapping or cannot be encoded) is handed to the library encoder,
-so the output is always the library's.
+returns for the same spans as the SDK's `ReadableSpan` (same fields, same order, same grouping by
+resource then scope; tests/test_telemetry_otlp.py holds it to that), without building and copying
+nested upb messages. It differs from the library in two places, both on purpose:
+
+- a link's `trace_state` is sent (the OTLP field exists; the library leaves it out);
+- an attribute OTLP cannot carry (an int beyond int64, an unknown type, a string that is not
+  valid UTF-8) is skipped and counted in the message's `dropped_attributes_count`, where the
+  library skips it and logs a traceback. `encode_spans` never raises for an attribute.
 """
 
 from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import (
-    encode_spans as _library_encode_spans,
-)
 from opentelemetry.trace import SpanKind
 
-__all__ = ["encode_spans", "library_encode"]
+from proxy.telemetry.spandata import SpanData
+
+__all__ = ["PAUSE_EVERY", "encode_spans", "release_gil"]
 
 _KIND = {
     SpanKind.INTERNAL: 1,
@@ -30,8 +33,10 @@ _KIND = {
     SpanKind.CONSUMER: 5,
 }
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_FLAGS_LOCAL_PARENT = b"\x85\x01" + (0x100).to_bytes(4, "little")  # field 16 fixed32: HAS_IS_REMOTE
-_FLAGS_REMOTE_PARENT = b"\x85\x01" + (0x300).to_bytes(4, "little")  # ... | IS_REMOTE
+# Span.flags (field 16) and Link.flags (field 6), fixed32: HAS_IS_REMOTE, | IS_REMOTE when remote.
+_LOCAL, _REMOTE = (0x100).to_bytes(4, "little"), (0x300).to_bytes(4, "little")
+_SPAN_FLAGS = {False: b"\x85\x01" + _LOCAL, True: b"\x85\x01" + _REMOTE}
+_LINK_FLAGS = {False: b"\x35" + _LOCAL, True: b"\x35" + _REMOTE}
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 
@@ -49,8 +54,8 @@ def release_gil() -> None:
     time.sleep(0)
 
 
-class _Unsupported(Exception):
-    """Something only the library encoder handles (or rejects, with its own logging)."""
+class _Unencodable(Exception):
+    """An attribute value OTLP cannot carry: the attribute is skipped and counted."""
 
 
 def _varint(n: int) -> bytes:
@@ -73,9 +78,7 @@ def _len(n: int) -> bytes:
 
 
 def _any_value(value: Any) -> bytes:
-    """An AnyValue message body, as _encode_value builds it."""
-    if value is None:
-        return b""
+    """An AnyValue message body, as the library's _encode_value builds it (its isinstance order)."""
     t = type(value)
     if t is str:
         b: bytes = value.encode()
@@ -84,44 +87,72 @@ def _any_value(value: Any) -> bytes:
         return b"\x10\x01" if value else b"\x10\x00"
     if t is int:
         if not _INT64_MIN <= value <= _INT64_MAX:
-            raise _Unsupported
+            raise _Unencodable
         return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
     if t is float:
         return b"\x21" + _pack_d(value)
-    if t is bytes:
-        raw: bytes = value
-        return b"\x3a" + _len(len(raw)) + raw
     if t is tuple or t is list:
-        body = b"".join(b"\x0a" + _len(len(v)) + v for v in map(_any_value, value))
+        body = b"".join([b"\x0a" + _len(len(v)) + v for v in map(_any_value, value)])
         return b"\x2a" + _len(len(body)) + body
-    raise _Unsupported  # subclasses, mappings, other sequences: the library's rules
+    return _other_value(value)
+
+
+def _other_value(value: Any) -> bytes:
+    """The rare shapes: None, subclasses (str and int enums), bytes, other sequences, mappings."""
+    if value is None:
+        return b""
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, str):
+        return _any_value(str(value))
+    if isinstance(value, int):
+        return _any_value(int(value))
+    if isinstance(value, float):
+        return _any_value(float(value))
+    if isinstance(value, bytes):
+        raw = bytes(value)
+        return b"\x3a" + _len(len(raw)) + raw
+    if isinstance(value, Sequence):
+        return _any_value(tuple(value))
+    if isinstance(value, Mapping):
+        body = b"".join([b"\x0a" + _len(len(kv)) + kv for kv in (_key_value(str(k), v) for k, v in value.items())])
+        return b"\x32" + _len(len(body)) + body
+    raise _Unencodable
+
+
+def _key_value(key: Any, value: Any) -> bytes:
+    """A KeyValue body. An empty key is absent on the wire (proto3); the value always present."""
+    if type(key) is not str and not isinstance(key, str):
+        raise _Unencodable
+    k = key.encode()
+    v = _any_value(value)
+    return (b"\x0a" + _len(len(k)) + k if k else b"") + b"\x12" + _len(len(v)) + v
 
 
 _KV_CACHE: dict[tuple[bytes, str, type, Any], bytes] = {}  # (field, key, value type, value) -> bytes
 _KV_CACHE_MAX = 8192
 
 
-def _attributes(attributes: Any, field: bytes) -> bytes:
-    """Each attribute as a length-delimited KeyValue in `field`; repeated values come from a cache."""
-    if not attributes:
-        return b""
+def _attributes(attributes: Mapping[Any, Any], field: bytes) -> bytes:
+    """Each attribute as a length-delimited KeyValue in `field`; repeated values come from a cache.
+
+    Raises _Unencodable if any attribute cannot be carried (the caller then takes the slow path)."""
     out = []
     cache = _KV_CACHE
     for key, value in attributes.items():
         t = type(value)
-        cacheable = t is str or t is bool or t is int
+        cacheable = (t is str or t is bool or t is int) and type(key) is str
         if cacheable:
             hit = cache.get((field, key, t, value))
             if hit is not None:
                 out.append(hit)
                 continue
-        if type(key) is not str:
-            raise _Unsupported
-        k = key.encode()
-        v = _any_value(value)
-        kv = b"\x0a" + _len(len(k)) + k + b"\x12" + _len(len(v)) + v
+        try:
+            kv = _key_value(key, value)
+        except (_Unencodable, UnicodeError, RecursionError) as error:
+            raise _Unencodable from error
         kv = field + _len(len(kv)) + kv
-        if cacheable and len(v) < 256:
+        if cacheable and len(kv) < 256:
             if len(cache) >= _KV_CACHE_MAX:
                 cache.clear()
             cache[(field, key, t, value)] = kv
@@ -129,9 +160,55 @@ def _attributes(attributes: Any, field: bytes) -> bytes:
     return b"".join(out)
 
 
-def _span(span: Any) -> bytes:
-    if span.events or span.links:
-        raise _Unsupported
+def _attributes_skipping(attributes: Mapping[Any, Any], field: bytes) -> tuple[bytes, int]:
+    """The attributes that can be carried, and how many could not (each skipped whole)."""
+    out, dropped = [], 0
+    for key, value in attributes.items():
+        try:
+            kv = _key_value(key, value)
+        except (_Unencodable, UnicodeError, RecursionError):
+            dropped += 1
+            continue
+        out.append(field + _len(len(kv)) + kv)
+    return b"".join(out), dropped
+
+
+def _attributes_counted(attributes: Mapping[Any, Any] | None, field: bytes) -> tuple[bytes, int]:
+    if not attributes:
+        return b"", 0
+    try:
+        return _attributes(attributes, field), 0
+    except _Unencodable:
+        return _attributes_skipping(attributes, field)
+
+
+def _trace_state(state: Any) -> bytes:
+    if not state:
+        return b""
+    s = ",".join([f"{k}={v}" for k, v in state.items()]).encode()
+    return b"\x1a" + _len(len(s)) + s
+
+
+def _link(link: Any) -> bytes:
+    ctx = link.context
+    attributes, dropped = _attributes_counted(link.attributes, b"\x22")
+    dropped += link.dropped_attributes
+    body = b"".join(
+        (
+            b"\x0a\x10",
+            ctx.trace_id.to_bytes(16, "big"),
+            b"\x12\x08",
+            ctx.span_id.to_bytes(8, "big"),
+            _trace_state(ctx.trace_state),
+            attributes,
+            b"\x28" + _varint(dropped) if dropped else b"",
+            _LINK_FLAGS[bool(ctx.is_remote)],
+        )
+    )
+    return b"\x6a" + _len(len(body)) + body
+
+
+def _span(span: SpanData) -> bytes:
     ctx = span.context
     parent = span.parent
     parts = [
@@ -142,9 +219,8 @@ def _span(span: Any) -> bytes:
     ]
     state = ctx.trace_state
     if state:
-        s = ",".join([f"{k}={v}" for k, v in state.items()]).encode()
-        parts += (b"\x1a", _len(len(s)), s)
-    if parent:
+        parts.append(_trace_state(state))
+    if parent is not None:
         parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
     name = span.name.encode()
     if name:
@@ -155,12 +231,19 @@ def _span(span: Any) -> bytes:
         parts += (b"\x39", _pack_q(start))
     if end:
         parts += (b"\x41", _pack_q(end))
+    dropped = span.dropped_attributes
     attributes = span.attributes
     if attributes:
-        parts.append(_attributes(attributes, b"\x4a"))
-        dropped = span.dropped_attributes
-        if dropped:
-            parts += (b"\x50", _varint(dropped))
+        try:
+            parts.append(_attributes(attributes, b"\x4a"))
+        except _Unencodable:
+            encoded, skipped = _attributes_skipping(attributes, b"\x4a")
+            parts.append(encoded)
+            dropped += skipped
+    if dropped:
+        parts += (b"\x50", _varint(dropped))
+    if span.links:
+        parts += [_link(link) for link in span.links]
     status = span.status
     code, message = status.status_code.value, status.description
     body = b""
@@ -170,7 +253,7 @@ def _span(span: Any) -> bytes:
     if code:
         body += b"\x18" + _VARINTS[code]
     parts += (b"\x7a", _len(len(body)), body)
-    parts.append(_FLAGS_REMOTE_PARENT if parent is not None and parent.is_remote else _FLAGS_LOCAL_PARENT)
+    parts.append(_SPAN_FLAGS[parent is not None and parent.is_remote])
     return b"".join(parts)
 
 
@@ -201,19 +284,24 @@ def _head(obj: Any, encode: Callable[[Any], bytes]) -> bytes:
 
 
 def _resource(resource: Any) -> bytes:
-    return _message(b"\x0a", _attributes(resource.attributes, b"\x0a"))
+    attributes, dropped = _attributes_counted(resource.attributes, b"\x0a")
+    return _message(b"\x0a", attributes + (b"\x10" + _varint(dropped) if dropped else b""))
 
 
 def _scope(scope: Any) -> bytes:
     if scope is None:
         return b"\x0a\x00"
-    body = _string(b"\x0a", scope.name) + _string(b"\x12", scope.version) + _attributes(scope.attributes, b"\x1a")
-    return _message(b"\x0a", body)
+    attributes, dropped = _attributes_counted(scope.attributes, b"\x1a")
+    body = _string(b"\x0a", scope.name) + _string(b"\x12", scope.version) + attributes
+    return _message(b"\x0a", body + (b"\x20" + _varint(dropped) if dropped else b""))
 
 
-def _fast(spans: Sequence[Any], pause: Callable[[], object] | None) -> bytes:
-    # Group as the library does (resource, then scope, by equality, in order of first appearance),
-    # keyed by identity first: all of the proxy's spans share one resource and one scope object.
+def _grouped(
+    spans: Sequence[SpanData], pause: Callable[[], object] | None
+) -> list[tuple[Any, list[tuple[Any, list[bytes]]]]]:
+    """Each span encoded, grouped as the library does: by resource, then scope, by equality, in
+    order of first appearance. Keyed by identity first: all of the proxy's spans share one resource
+    and one scope object."""
     by_id: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     for i, span in enumerate(spans, 1):
         if pause is not None and i % PAUSE_EVERY == 0:
@@ -243,8 +331,16 @@ def _fast(spans: Sequence[Any], pause: Callable[[], object] | None) -> bytes:
                     break
             else:
                 known_scopes.append((scope, encoded))
+    return groups
+
+
+def encode_spans(spans: Sequence[SpanData], pause: Callable[[], object] | None = None) -> bytes:
+    """The serialised ExportTraceServiceRequest for `spans`.
+
+    `pause`, when given, is called every PAUSE_EVERY spans (the exporters pass `release_gil`).
+    """
     out = []
-    for group_resource, group_scopes in groups:
+    for group_resource, group_scopes in _grouped(spans, pause):
         body = [_head(group_resource, _resource)]
         for scope, encoded in group_scopes:
             ss = _head(scope, _scope) + b"".join([b"\x12" + _len(len(e)) + e for e in encoded])
@@ -253,19 +349,3 @@ def _fast(spans: Sequence[Any], pause: Callable[[], object] | None) -> bytes:
         body.append(_string(b"\x1a", group_resource.schema_url))
         out.append(_message(b"\x0a", b"".join(body)))
     return b"".join(out)
-
-
-def library_encode(spans: Sequence[Any]) -> bytes:
-    encoded: bytes = _library_encode_spans(spans).SerializePartialToString()
-    return encoded
-
-
-def encode_spans(spans: Sequence[Any], pause: Callable[[], object] | None = None) -> bytes:
-    """The serialised ExportTraceServiceRequest for `spans`, as the library would produce it.
-
-    `pause`, when given, is called every PAUSE_EVERY spans (the exporters pass `release_gil`).
-    """
-    try:
-        return _fast(spans, pause)
-    except Exception:  # noqa: BLE001 - anything unusual: the library's encoding (and its error handling)
-        return library_encode(spans)
