@@ -24,7 +24,6 @@ from contextlib import AsyncExitStack
 
 from aiohttp import web
 from opentelemetry import trace
-from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, label_name
@@ -37,6 +36,7 @@ from proxy.settings import Settings, parse_thresholds
 from proxy.sinks import Named
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
+from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics, ModelLabels
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
@@ -93,7 +93,7 @@ def telemetry_for(
 
 
 def genai_metrics_for(
-    settings: Settings, meters: MeterProvider, models: ModelLabels, env: Mapping[str, str] | None = None
+    settings: Settings, meters: MetricPipeline, models: ModelLabels, env: Mapping[str, str] | None = None
 ) -> GenAIMetrics:
     """The OTLP GenAI metrics observer; `server.*` per route; the convention names
     `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for."""
@@ -119,7 +119,7 @@ class Reporting:
         on_record: Callable[[RequestRecord], None] | None = None,
         registry: CollectorRegistry | None = None,
         tracer_provider: trace.TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
+        meter_provider: MetricPipeline | None = None,
         env: Mapping[str, str] = os.environ,
     ) -> None:
         """`tracer_provider` / `meter_provider`: where spans and OTLP metrics go; by default

@@ -21,7 +21,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from opentelemetry import trace
-from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
@@ -38,6 +37,7 @@ from proxy.reporting import Reporting
 from proxy.routes import Route, default_route_conflict, routes_for
 from proxy.serving import serving
 from proxy.settings import Settings
+from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.otlp_env import span_destination
 from proxy.ui import LiveView
@@ -68,7 +68,7 @@ async def running(
     on_record: Callable[[RequestRecord], None] | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     registry: CollectorRegistry | None = None,
-    meter_provider: MeterProvider | None = None,
+    meter_provider: MetricPipeline | None = None,
     stop_now: asyncio.Event | None = None,
     accounting: Accounting | None = None,
     dialects: Dialects = DIALECTS,

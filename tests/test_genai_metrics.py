@@ -1,14 +1,17 @@
 """GenAI semantic-convention metrics (v1.41.0) reach real OTLP receivers (HTTP and gRPC), decoded.
 
-Names, units, buckets, attributes and temporality are read back from the protobuf the SDK's own
-exporters sent; the proxy runs for real against a fake upstream, configured by OTEL_* only.
+Names, units, buckets, attributes and temporality are read back from the protobuf our exporter
+sent; the proxy runs for real against a fake upstream, configured by OTEL_* only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import random
 import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -19,16 +22,20 @@ from proxy.settings import Settings
 from proxy.telemetry.genai_metrics import (
     BUCKETS_SPEC_SECONDS,
     BUCKETS_SPEC_TOKENS,
+    GenAIMetrics,
     build_meter_provider,
     shutdown_meter_provider,
 )
-from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD
+from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ModelLabels
+from proxy.telemetry.semconv import ENV, SCHEMA_URL_LATEST, SCHEMA_URL_RELEASED, Conventions
 from tests.fakes import (
     FakeUpstream,
     OTLPGrpcMetricsSink,
     OTLPSink,
     chat_chunk,
+    decode_metrics,
     json_handler,
+    record_for,
     sse,
     stream_handler,
     usage_chunk,
@@ -130,15 +137,143 @@ def check_spec_shape(metrics: list[Any], upstream: FakeUpstream, temporality: in
     assert overhead[("chat_completions", "request")].sum < 0.1
 
 
-async def test_http_receiver_cumulative_by_default(upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
+TEMPORALITIES = {"cumulative": CUMULATIVE, "delta": DELTA, "lowmemory": DELTA}
+
+
+def receiver_env(protocol: str, url: str, temporality: str) -> dict[str, str]:
+    env = {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": temporality}
+    if protocol == "grpc":
+        return {**env, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": url, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    return {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": url}
+
+
+@pytest.mark.parametrize("temporality", ["cumulative", "delta"])
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+async def test_a_real_receiver_gets_the_spec_shape(
+    protocol: str, temporality: str, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    sink: OTLPSink | OTLPGrpcMetricsSink = OTLPGrpcMetricsSink() if protocol == "grpc" else await OTLPSink().start()
+    try:
+        await run_proxy(receiver_env(protocol, sink.url, temporality), upstream, client)
+        check_spec_shape(sink.metrics(), upstream, TEMPORALITIES[temporality])
+        if isinstance(sink, OTLPSink):
+            assert sink.payloads == []  # no traces were asked for here
+    finally:
+        if isinstance(sink, OTLPSink):
+            await sink.close()
+        else:
+            await asyncio.to_thread(sink.close)
+
+
+def scoped(payloads: list[bytes]) -> dict[str, dict[str, Any]]:
+    """schema URL -> metric name -> metric, over every export request."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    out: dict[str, dict[str, Any]] = {}
+    for payload in payloads:
+        for rm in ExportMetricsServiceRequest.FromString(payload).resource_metrics:
+            for sm in rm.scope_metrics:
+                assert sm.scope.name == "taotrace"
+                for m in sm.metrics:
+                    out.setdefault(sm.schema_url, {})[m.name] = m
+    return out
+
+
+@pytest.mark.parametrize("opt_in", ["", "gen_ai_latest_experimental", "gen_ai_latest_experimental/dup"])
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+async def test_each_convention_choice_over_each_protocol(
+    opt_in: str, protocol: str, upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    """Released names, latest experimental (token usage a monotonic Sum) or both, one scope per
+    convention version with its schema URL; `lowmemory` makes the counter delta too."""
+    sink: OTLPSink | OTLPGrpcMetricsSink = OTLPGrpcMetricsSink() if protocol == "grpc" else await OTLPSink().start()
+    try:
+        env = {**receiver_env(protocol, sink.url, "lowmemory"), ENV: opt_in}
+        conventions = Conventions.from_env(env)
+        provider = build_meter_provider(env)
+        assert provider is not None
+        genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels(), conventions=conventions)
+        genai(record_for("chat_completions", "m", 200, random.Random(3), tokens=20))
+        genai.stop()
+        assert await asyncio.to_thread(shutdown_meter_provider, provider, 10.0)
+        payloads = sink.payloads if isinstance(sink, OTLPGrpcMetricsSink) else sink.metric_payloads
+        got = scoped(payloads)
+    finally:
+        if isinstance(sink, OTLPSink):
+            await sink.close()
+        else:
+            await asyncio.to_thread(sink.close)
+    assert set(got) == {m.schema_url for m in conventions.metrics}
+    if conventions.released:
+        usage = got[SCHEMA_URL_RELEASED]["gen_ai.client.token.usage"]
+        assert usage.histogram.aggregation_temporality == DELTA
+        assert "taotrace.phase.duration" in got[SCHEMA_URL_RELEASED]  # ours on the first scope
+    if conventions.latest:
+        tokens = got[SCHEMA_URL_LATEST]["gen_ai.client.inference.tokens"]
+        assert tokens.WhichOneof("data") == "sum" and tokens.sum.is_monotonic
+        assert tokens.sum.aggregation_temporality == DELTA
+        assert sorted(p.as_int for p in tokens.sum.data_points) == [20, 100]
+        assert got[SCHEMA_URL_LATEST]["gen_ai.client.inference.duration"].histogram.data_points[0].count == 1
+
+
+async def test_exports_every_interval_and_delta_points_add_up(
+    upstream: FakeUpstream, client: aiohttp.ClientSession
+) -> None:
+    """OTEL_METRIC_EXPORT_INTERVAL: exports while running; with delta, no request counted twice."""
     sink = await OTLPSink().start()
     try:
-        env = {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
-        await run_proxy(env, upstream, client)
-        check_spec_shape(sink.metrics(), upstream, CUMULATIVE)
-        assert sink.payloads == []  # no traces were asked for here
+        env = {**receiver_env("http/protobuf", sink.url, "delta"), "OTEL_METRIC_EXPORT_INTERVAL": "100"}
+        provider = build_meter_provider(env)
+        assert provider is not None
+        upstream.handler = json_handler({"id": "x", "model": "m", "choices": []})
+        async with running(Settings(upstream=upstream.url, port=0, metrics_port=0), meter_provider=provider) as srv:
+            for _ in range(3):
+                async with client.post(srv.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+                    await r.read()
+                await asyncio.sleep(0.35)
+            during = len(sink.metric_payloads)
+        assert await asyncio.to_thread(shutdown_meter_provider, provider, 10.0)
     finally:
         await sink.close()
+    assert during >= 2  # exported while running, not only at shutdown
+    counts = [p.count for p in points(decode_metrics(sink.metric_payloads), "gen_ai.client.operation.duration")]
+    assert sum(counts) == 3
+
+
+async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(blackhole: int) -> None:
+    env = {
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
+    }
+    provider = build_meter_provider(env)
+    assert provider is not None
+    genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
+    genai(record_for("chat_completions", "m", 200, random.Random(1)))
+    genai.stop()
+    began = time.monotonic()
+    assert not await asyncio.to_thread(shutdown_meter_provider, provider, 0.5)
+    assert time.monotonic() - began < 3.0  # 0.5 s asked; never the 60 s export timeout
+
+
+def test_console_prints_one_otlp_json_line_per_export(capsys: pytest.CaptureFixture[str]) -> None:
+    from google.protobuf import json_format  # type: ignore[import-untyped]  # protobuf ships no stubs here
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "console", "OTEL_SERVICE_NAME": "svc"})
+    assert provider is not None
+    genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
+    genai(record_for("chat_completions", "m", 200, random.Random(2)))
+    genai.stop()
+    assert shutdown_meter_provider(provider, 5.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    request = json_format.Parse(lines[0], ExportMetricsServiceRequest())
+    (rm,) = request.resource_metrics
+    assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}["service.name"] == "svc"
+    names = {m.name for sm in rm.scope_metrics for m in sm.metrics}
+    assert "gen_ai.client.operation.duration" in names
+    assert json.loads(lines[0])["resourceMetrics"][0]["scopeMetrics"][0]["schemaUrl"] == SCHEMA_URL_RELEASED
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="--telemetry-process needs SO_REUSEPORT (Linux)")
@@ -160,21 +295,6 @@ async def test_a_telemetry_process_records_and_exports_the_same(
         check_spec_shape(sink.metrics(), upstream, CUMULATIVE)
     finally:
         await sink.close()
-
-
-async def test_grpc_receiver_delta_when_asked(upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
-    sink = OTLPGrpcMetricsSink()
-    try:
-        env = {
-            "OTEL_METRICS_EXPORTER": "otlp",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": sink.url,
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": "delta",
-        }
-        await run_proxy(env, upstream, client)
-        check_spec_shape(sink.metrics(), upstream, DELTA)
-    finally:
-        await asyncio.to_thread(sink.close)
 
 
 async def test_model_label_is_bounded_as_on_prometheus(upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
@@ -209,3 +329,29 @@ def test_metrics_export_is_opt_in() -> None:
     assert build_meter_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}) is None  # traces only
     assert build_meter_provider({"OTEL_METRICS_EXPORTER": "otlp"}) is None  # no endpoint: nothing leaves
     assert build_meter_provider({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}) is None
+
+
+async def test_a_refused_export_is_our_collector_line(caplog: pytest.LogCaptureFixture) -> None:
+    """The metrics exporter's give-up record (from otlp_delivery, noun `metrics`) becomes the
+    rate-limited line naming the metrics endpoint and the status; nothing raw gets through."""
+    import logging
+
+    from proxy.telemetry.collector_log import collector_warnings
+
+    sink = await OTLPSink(status=400).start()
+    try:
+        env = {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": sink.url + "/v1/metrics"}
+        provider = build_meter_provider(env)
+        assert provider is not None
+        genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
+        with caplog.at_level(logging.DEBUG):
+            async with collector_warnings(env, logging.getLogger("taotrace")):
+                genai(record_for("chat_completions", "m", 200, random.Random(4)))
+                genai.stop()
+                assert await asyncio.to_thread(shutdown_meter_provider, provider, 10.0)  # finished, if refused
+    finally:
+        await sink.close()
+    assert len(sink.metric_payloads) == 1  # a 400 is final: not retried
+    ours = [r.getMessage() for r in caplog.records if r.name == "taotrace"]
+    assert ours and ours[0].startswith(f"OTLP export to {sink.url} failed: HTTP 400 Bad Request;"), ours
+    assert [r for r in caplog.records if r.name != "taotrace" and r.levelno >= logging.WARNING] == []

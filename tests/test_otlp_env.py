@@ -37,7 +37,7 @@ def test_the_resource_follows_the_sdks_variables() -> None:
         assert meters is not None
         for attrs in (
             build_tracer_provider(env, export=False).resource.attributes,
-            meters._sdk_config.resource.attributes,
+            meters.resource,
         ):
             assert attrs["service.name"] == service
             assert attrs.get("openinference.project.name") == ("llm proxy" if env else None)

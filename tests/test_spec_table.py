@@ -17,10 +17,8 @@ import random
 import re
 from pathlib import Path
 
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
 from proxy.telemetry.genai_metrics import GenAIMetrics
+from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import ModelLabels
 from proxy.telemetry.semconv import Conventions
 from tests.fakes import record_for
@@ -42,8 +40,7 @@ def emitted() -> dict[str, set[str]]:
             for key in span.attributes or {}:
                 if not USER_NAMED.match(key):
                     where.setdefault(key, set()).add(kind)
-    reader = InMemoryMetricReader()
-    provider = MeterProvider([reader])
+    provider = MetricPipeline({})  # no exporter: collected below
     genai = GenAIMetrics(
         provider, server_address="h", server_port=1, models=ModelLabels(frozenset(), 100),
         upstreams={"r": ("h", 1)}, conventions=Conventions(released=True, latest=True),
@@ -56,16 +53,12 @@ def emitted() -> dict[str, set[str]]:
         )
         genai(dataclasses.replace(rec, timing=timing, upstream="r"))
     genai.stop()
-    data = reader.get_metrics_data()
-    assert data is not None
-    for rm in data.resource_metrics:
-        for sm in rm.scope_metrics:
-            for metric in sm.metrics:
-                where.setdefault(metric.name, set()).add("metric")
-                for point in metric.data.data_points:
-                    for key in point.attributes or {}:
-                        where.setdefault(key, set()).add("metric attribute")
-    provider.shutdown()
+    for scope in provider.collect():
+        for metric in scope.metrics:
+            where.setdefault(metric.name, set()).add("metric")
+            for point in metric.points:
+                for key in point.attributes:
+                    where.setdefault(key, set()).add("metric attribute")
     return where
 
 

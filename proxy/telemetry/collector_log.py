@@ -41,12 +41,10 @@ __all__ = ["LOGGERS", "CollectorLog", "collector_warnings", "record_cause"]
 LOGGERS: dict[str, str | None] = {
     "proxy.telemetry.span_exporter": "traces",  # ours: a batch it cannot encode
     "proxy.telemetry.otlp_delivery": None,  # ours: one record per export given up; "spans"/"metrics" in args
-    "opentelemetry.exporter.otlp.proto.http.metric_exporter": "metrics",  # also its HTTP client's
     "opentelemetry.exporter.otlp.common.http": None,  # the HTTP client, when given no logger
     "opentelemetry.exporter.otlp.proto.grpc.exporter": None,  # both signals; "traces"/"metrics" in args
     "opentelemetry.sdk._shared_internal": "traces",  # the batch processor: export exceptions, queue full
     "opentelemetry.sdk.trace.export": "traces",  # the simple processor's export exceptions
-    "opentelemetry.sdk.metrics._internal.export": "metrics",  # the periodic reader's export exceptions
     "urllib3.connectionpool": None,  # "Retrying (...)": only the exporters use urllib3 in the proxy
 }
 _SIGNAL_WORDS = {"traces": "traces", "spans": "traces", "span": "traces", "metrics": "metrics"}

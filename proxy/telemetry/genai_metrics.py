@@ -3,10 +3,11 @@
 `build_meter_provider` reads the standard `OTEL_*` variables (export only when
 `OTEL_METRICS_EXPORTER=otlp` or `console`); `GenAIMetrics` is an observer of finished
 `RequestRecord`s. On the event loop it only appends the frozen record to a queue; a worker thread
-records it into the SDK's histograms (`BulkRecorder`: a stream's chunk gaps at once),
-and the SDK's `PeriodicExportingMetricReader` exports them. Names, units, buckets and attributes are the spec's
-(released names by default, the latest experimental ones or both as `OTEL_SEMCONV_STABILITY_OPT_IN`
-asks: `proxy.telemetry.semconv`); what the spec has no name for lives under `taotrace.*`.
+records it into our own histograms and counters (`aggregate.py`: a stream's chunk gaps at once),
+and the pipeline's export thread (`metric_pipeline.py`) exports them. Names, units, buckets and
+attributes are the spec's (released names by default, the latest experimental ones or both as
+`OTEL_SEMCONV_STABILITY_OPT_IN` asks: `proxy.telemetry.semconv`); what the spec has no name for
+lives under `taotrace.*`.
 """
 
 from __future__ import annotations
@@ -16,29 +17,26 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-
-from opentelemetry.metrics import Counter, Histogram
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-from opentelemetry.sdk.metrics import Histogram as SdkHistogram
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    ConsoleMetricExporter,
-    MetricExporter,
-    PeriodicExportingMetricReader,
-)
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-from opentelemetry.sdk.resources import Resource
+from collections.abc import Mapping
 
 from proxy import __version__
 from proxy.dialects import Usage
 from proxy.record import RequestRecord
+from proxy.telemetry.aggregate import Counter, Histogram, temporality_from_env
+from proxy.telemetry.metric_pipeline import (
+    DEFAULT_INTERVAL,
+    DEFAULT_TIMEOUT,
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricPipeline,
+    OtlpMetricExporter,
+)
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
-from proxy.telemetry.otlp_env import otlp_target, resource_attributes
-from proxy.telemetry.sdk_internals import BulkRecorder
+from proxy.telemetry.otlp_env import export_settings, resource_attributes
 from proxy.telemetry.semconv import LATEST_METRICS, RELEASED_METRICS, Conventions, MetricNames
 
 __all__ = [
+    "BUCKETS",
     "BUCKETS_SPEC_SECONDS",
     "BUCKETS_SPEC_TOKENS",
     "GenAIMetrics",
@@ -59,7 +57,7 @@ TIME_PER_OUTPUT_CHUNK = RELEASED_METRICS.time_per_output_chunk
 TIME_TO_FIRST_TOKEN = "taotrace.time_to_first_token"
 PHASE_DURATION = "taotrace.phase.duration"
 PROXY_OVERHEAD = "taotrace.proxy.overhead"
-_BUCKETS = {
+BUCKETS = {
     DURATION: BUCKETS_SPEC_SECONDS,
     TOKEN_USAGE: BUCKETS_SPEC_TOKENS,
     TIME_TO_FIRST_CHUNK: BUCKETS_SPEC_SECONDS,
@@ -78,74 +76,43 @@ POLL_SECONDS = 0.1
 PAUSE_EVERY = 16  # requests recorded before the worker gives the GIL up (see telemetry/otlp.py)
 
 
-def _temporality(env: Mapping[str, str]) -> dict[type, AggregationTemporality]:
-    """OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE: cumulative (default), delta, lowmemory."""
-    choice = env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").strip().lower()
-    if choice in ("delta", "lowmemory"):  # both make histograms delta
-        return {SdkHistogram: AggregationTemporality.DELTA}
-    return {SdkHistogram: AggregationTemporality.CUMULATIVE}
-
-
 def _exporter_from_env(env: Mapping[str, str]) -> MetricExporter | None:
     kind = env.get("OTEL_METRICS_EXPORTER", "none").split(",")[0].strip().lower()
     if kind == "console":
-        return ConsoleMetricExporter(preferred_temporality=_temporality(env))
+        return ConsoleMetricExporter()
     if kind != "otlp":
         return None  # metrics export is opt-in (the SDK's own default would be otlp)
-    target = otlp_target(env, "metrics")
-    if target is None:
-        return None
-    protocol, endpoint = target
-    # Headers, timeout, compression and certificates the exporters read from the process environment.
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
-
-        return GrpcExporter(endpoint=endpoint, preferred_temporality=_temporality(env))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
-
-    return HttpExporter(endpoint=endpoint, preferred_temporality=_temporality(env))
+    settings = export_settings(env, "metrics")
+    return None if settings is None else OtlpMetricExporter(settings)
 
 
-def _millis(env: Mapping[str, str], name: str) -> float | None:
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A positive whole number of milliseconds from `env`, in seconds; `default` when absent or wrong."""
     value = env.get(name, "").strip()
-    return float(value) if value.isdigit() and int(value) > 0 else None
+    return int(value) / 1000 if value.isdigit() and int(value) > 0 else default
 
 
-def build_meter_provider(env: Mapping[str, str] | None = None) -> MeterProvider | None:
-    """A provider exporting every `OTEL_METRIC_EXPORT_INTERVAL` ms; None when export is not configured."""
+def build_meter_provider(env: Mapping[str, str] | None = None) -> MetricPipeline | None:
+    """A pipeline exporting every `OTEL_METRIC_EXPORT_INTERVAL` ms; None when export is not configured."""
     env = os.environ if env is None else env
     exporter = _exporter_from_env(env)
     if exporter is None:
         return None
-    reader = PeriodicExportingMetricReader(
+    return MetricPipeline(
+        resource_attributes(env, __version__),
         exporter,
-        export_interval_millis=_millis(env, "OTEL_METRIC_EXPORT_INTERVAL"),
-        export_timeout_millis=_millis(env, "OTEL_METRIC_EXPORT_TIMEOUT"),
-    )
-    resource = Resource.create(resource_attributes(env, __version__))
-    # No exemplars: values are recorded on a worker thread, where no span is current anyway.
-    return MeterProvider(
-        [reader], resource=resource, views=views(), shutdown_on_exit=False, exemplar_filter=AlwaysOffExemplarFilter()
+        interval=_seconds(env, "OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL),
+        timeout=_seconds(env, "OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT),
+        temporality=temporality_from_env(env),
     )
 
 
-def views() -> list[View]:
-    """The spec's bucket advice (and ours for taotrace.*) as SDK Views."""
-    return [
-        View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(list(bounds)))
-        for name, bounds in _BUCKETS.items()
-    ]
-
-
-def shutdown_meter_provider(provider: MeterProvider, timeout: float = 3.0) -> bool:
+def shutdown_meter_provider(provider: MetricPipeline, timeout: float = 3.0) -> bool:
     """Export what is left, but never wait more than `timeout` for a dead collector."""
-    worker = threading.Thread(target=provider.shutdown, name="otel-metrics-shutdown", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        log.warning("metrics export did not finish within %.1fs; the last interval is lost", timeout)
-        return False
-    return True
+    if provider.shutdown(timeout):
+        return True
+    log.warning("metrics export did not finish within %.1fs; the last interval is lost", timeout)
+    return False
 
 
 class GenAIMetrics:
@@ -153,7 +120,7 @@ class GenAIMetrics:
 
     def __init__(
         self,
-        provider: MeterProvider,
+        provider: MetricPipeline,
         *,
         server_address: str,
         server_port: int,
@@ -170,20 +137,26 @@ class GenAIMetrics:
         # One meter per convention version: a scope has one schema URL. Ours (taotrace.*) go on the first.
         self.sets = [_ClientMetrics(provider, names) for names in conventions.metrics]
         meter = self.sets[0].meter
-        self.ttft = meter.create_histogram(
-            TIME_TO_FIRST_TOKEN, unit="s", description="Request head arrival to the first token event (streams only)."
+        self.ttft = meter.histogram(
+            TIME_TO_FIRST_TOKEN,
+            "s",
+            "Request head arrival to the first token event (streams only).",
+            BUCKETS[TIME_TO_FIRST_TOKEN],
         )
-        self.phase = meter.create_histogram(
-            PHASE_DURATION, unit="s", description="Time in each phase (taotrace.phase): network, prefill_wait, decode."
+        self.phase = meter.histogram(
+            PHASE_DURATION,
+            "s",
+            "Time in each phase (taotrace.phase): network, prefill_wait, decode.",
+            BUCKETS[PHASE_DURATION],
         )
-        self.overhead = meter.create_histogram(
+        self.overhead = meter.histogram(
             PROXY_OVERHEAD,
-            unit="s",
-            description="The proxy's own time (taotrace.stage): request, head arrival to upstream write minus "
+            "s",
+            "The proxy's own time (taotrace.stage): request, head arrival to upstream write minus "
             "pool wait, DNS and connect; relay, per upstream read to the client socket.",
+            BUCKETS[PROXY_OVERHEAD],
         )
         self._stages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
-        self._bulk = BulkRecorder()
         self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
         self.servers: dict[str, dict[str, str | int]] = {
             name: {"server.address": host, "server.port": port, "taotrace.upstream": name}
@@ -229,7 +202,7 @@ class GenAIMetrics:
                     time.sleep(0)  # let the event loop have the GIL between requests
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Record what is queued and end the worker (the provider is the caller's to shut down)."""
+        """Record what is queued and end the worker (the pipeline is the caller's to shut down)."""
         self._stop.set()
         self._worker.join(timeout)
         if self.dropped:
@@ -240,16 +213,15 @@ class GenAIMetrics:
         if rec.mirror:
             return  # a --mirror copy: no client asked for it (taotrace_compare_* compares it on /metrics)
         t = rec.timing
-        record_many = self._bulk.record
         stages = self._stages.get(rec.api)
         if stages is None:
             stages = self._stages[rec.api] = (
                 {"taotrace.api": rec.api, "taotrace.stage": "request"},
                 {"taotrace.api": rec.api, "taotrace.stage": "relay"},
             )
-        record_many(self.overhead, t.relay, stages[1])
+        self.overhead.record_many(t.relay, stages[1])
         if t.overhead_request is not None:
-            record_many(self.overhead, (t.overhead_request,), stages[0])
+            self.overhead.record(t.overhead_request, stages[0])
         if rec.operation is None:
             return  # not a GenAI operation (`other`): only the proxy's own cost
         base: dict[str, str | int] = {
@@ -267,52 +239,52 @@ class GenAIMetrics:
         # The spec: billable counts as reported; never estimated (a counted stream has none).
         u = rec.usage if rec.usage_source == "reported" else None
         for client in self.sets:
-            client.record(record_many, rec, failed, base, u)
+            client.record(rec, failed, base, u)
         ours = {**base, "taotrace.api": rec.api}
         if t.network is not None:
-            record_many(self.phase, (t.network,), {**ours, "taotrace.phase": "network"})
+            self.phase.record(t.network, {**ours, "taotrace.phase": "network"})
         if not rec.stream:
             return
         if t.ttft is not None:
-            record_many(self.ttft, (t.ttft,), ours)
+            self.ttft.record(t.ttft, ours)
             if t.prefill_wait is not None:
-                record_many(self.phase, (t.prefill_wait,), {**ours, "taotrace.phase": "prefill_wait"})
+                self.phase.record(t.prefill_wait, {**ours, "taotrace.phase": "prefill_wait"})
             if t.decode is not None:
-                record_many(self.phase, (t.decode,), {**ours, "taotrace.phase": "decode"})
+                self.phase.record(t.decode, {**ours, "taotrace.phase": "decode"})
 
 
 class _ClientMetrics:
     """The GenAI client metrics of one convention version, on a meter with its schema URL."""
 
-    def __init__(self, provider: MeterProvider, names: MetricNames) -> None:
-        self.meter = meter = provider.get_meter("taotrace", __version__, schema_url=names.schema_url)
-        self.duration = meter.create_histogram(names.duration, unit="s", description="GenAI operation duration.")
+    def __init__(self, provider: MetricPipeline, names: MetricNames) -> None:
+        self.meter = meter = provider.get_meter("taotrace", __version__, names.schema_url)
+        seconds = BUCKETS_SPEC_SECONDS
+        self.duration = meter.histogram(names.duration, "s", "GenAI operation duration.", seconds)
         self.tokens: Histogram | None = None
         self.token_counter: Counter | None = None
         if names.tokens_counter:
-            self.token_counter = meter.create_counter(
-                names.tokens, unit="{token}", description="Number of input and output tokens used."
-            )
+            self.token_counter = meter.counter(names.tokens, "{token}", "Number of input and output tokens used.")
         else:
-            self.tokens = meter.create_histogram(
-                names.tokens, unit="{token}", description="Number of input and output tokens used."
+            self.tokens = meter.histogram(
+                names.tokens, "{token}", "Number of input and output tokens used.", BUCKETS_SPEC_TOKENS
             )
-        self.ttfc = meter.create_histogram(
+        self.ttfc = meter.histogram(
             names.time_to_first_chunk,
-            unit="s",
-            description="Time to receive the first chunk, measured from when the client issues the generation "
+            "s",
+            "Time to receive the first chunk, measured from when the client issues the generation "
             "request to when the first chunk is received in the response stream.",
+            seconds,
         )
-        self.tpoc = meter.create_histogram(
+        self.tpoc = meter.histogram(
             names.time_per_output_chunk,
-            unit="s",
-            description="Time per output chunk, recorded for each chunk received after the first one, measured as "
+            "s",
+            "Time per output chunk, recorded for each chunk received after the first one, measured as "
             "the time elapsed from the end of the previous chunk to the end of the current chunk.",
+            seconds,
         )
 
     def record(
         self,
-        record_many: Callable[[Histogram, Sequence[float], Mapping[str, str | int]], None],
         rec: RequestRecord,
         failed: Mapping[str, str | int],
         base: Mapping[str, str | int],
@@ -320,17 +292,17 @@ class _ClientMetrics:
     ) -> None:
         """One request: duration (`failed`: with error.type), reported tokens, and a stream's chunks."""
         t = rec.timing
-        record_many(self.duration, (t.duration,), failed)
+        self.duration.record(t.duration, failed)
         if usage is not None:
             for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
                 if count is None:
                     continue
                 attributes = {**base, "gen_ai.token.type": kind}
                 if self.tokens is not None:
-                    record_many(self.tokens, (count,), attributes)
+                    self.tokens.record(count, attributes)
                 elif self.token_counter is not None:
                     self.token_counter.add(count, attributes)
         if rec.stream:
             if t.ttfc is not None:
-                record_many(self.ttfc, (t.ttfc,), base)
-            record_many(self.tpoc, t.chunk_gaps, base)
+                self.ttfc.record(t.ttfc, base)
+            self.tpoc.record_many(t.chunk_gaps, base)

@@ -56,9 +56,13 @@ class Delivery:
     def stopped(self) -> bool:
         return self._stopped.is_set()
 
-    def send(self, body: bytes) -> bool:
-        """True once the collector took `body`; False when it failed for good (logged once)."""
-        deadline = self._monotonic() + self.settings.timeout
+    def send(self, body: bytes, timeout: float | None = None) -> bool:
+        """True once the collector took `body`; False when it failed for good (logged once).
+
+        Retries end by the settings' timeout, or `timeout` seconds when that is shorter.
+        """
+        limit = self.settings.timeout if timeout is None else min(timeout, self.settings.timeout)
+        deadline = self._monotonic() + limit
         attempt = 0
         while True:
             remaining = deadline - self._monotonic()

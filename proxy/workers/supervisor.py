@@ -53,7 +53,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
@@ -68,6 +67,7 @@ from proxy.reporting import Reporting
 from proxy.settings import Settings
 from proxy.sinks import Named, Sinks
 from proxy.telemetry import sdk_internals
+from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
@@ -352,7 +352,7 @@ async def supervising(
     ready_timeout: float = 60.0,
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
     tracer_provider: trace.TracerProvider | None = None,
-    meter_provider: MeterProvider | None = None,
+    meter_provider: MetricPipeline | None = None,
     accounting: Accounting | None = None,
     channel_bound: int = CHANNEL_BOUND,
     shutdown: Shutdown | None = None,

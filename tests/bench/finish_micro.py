@@ -6,8 +6,9 @@
 Each step runs on the input a 16-token chat stream through the bench upstream gives it (a
 Bearer key, the upstream's six response headers, 16 token events, 19 reads, TCP_INFO through
 uvloop's transport socket as the proxy reads it), plus `metrics.record` of a 256-token stream,
-and the GenAI metrics' recording (on their worker thread, off the loop) of both streams into an SDK
-meter provider read by an in-memory reader;
+and the GenAI metrics' recording (on their worker thread, off the loop) of both streams into a
+metric pipeline with no exporter (in a tree from before our own aggregation: an SDK meter provider
+read by an in-memory reader);
 best of `--best` runs of `--number` calls, and with several trees the best of `--rounds`
 interleaved runs of each (a fresh process per run).
 """
@@ -50,8 +51,6 @@ _KEEP: list[Any] = []
 def steps(src: Path) -> dict[str, Callable[[], Any]]:
     sys.path.insert(0, str(src))
     from multidict import CIMultiDict, CIMultiDictProxy
-    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from prometheus_client import CollectorRegistry
 
     from proxy import tcpinfo
@@ -59,7 +58,7 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     from proxy.accounting.ratelimits import read_rate_limits
     from proxy.dialects import Usage
     from proxy.record import RequestRecord
-    from proxy.telemetry.genai_metrics import GenAIMetrics, views
+    from proxy.telemetry.genai_metrics import GenAIMetrics
     from proxy.telemetry.metrics import Metrics, ModelLabels
     from proxy.timing import PhaseClock
     from proxy.ui import LiveView
@@ -115,8 +114,18 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     metrics.in_flight.labels("", "chat_completions")
     live = LiveView(1000)
     long = replace(record, timing=clock(256).finish(1.3, 256, streaming=True))
-    # As build_meter_provider makes it, with an in-memory reader in place of the exporter.
-    provider = MeterProvider([InMemoryMetricReader()], views=views(), exemplar_filter=AlwaysOffExemplarFilter())
+    provider: Any
+    try:  # as build_meter_provider makes it, with no exporter
+        from proxy.telemetry.metric_pipeline import MetricPipeline
+
+        provider = MetricPipeline({})
+    except ImportError:  # an older tree: the SDK's, with an in-memory reader in place of the exporter
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from proxy.telemetry.genai_metrics import views  # type: ignore[attr-defined]
+
+        provider = MeterProvider([InMemoryMetricReader()], views=views(), exemplar_filter=AlwaysOffExemplarFilter())
     genai = GenAIMetrics(provider, server_address="127.0.0.1", server_port=8788, models=ModelLabels())
     genai.stop()  # its worker ends; drain() below records on this thread, as the worker would
 

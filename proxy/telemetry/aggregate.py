@@ -1,0 +1,354 @@
+"""Our own metric aggregation: explicit-bucket histograms and monotonic counters, per attribute set.
+
+What the OpenTelemetry metrics SDK specifies for these two instruments, and no more:
+
+- a histogram value v goes in the first bucket whose upper bound is >= v (`bisect_left`; bucket i
+  holds (bounds[i-1], bounds[i]], the last one everything above); count, sum, min and max;
+- a counter adds; only non-negative, finite values are taken (others are dropped and counted in
+  `rejected`, as the SDK drops them);
+- temporality: cumulative keeps every attribute set's state and its start time; delta hands over
+  what was recorded since the last collection and starts afresh;
+- a cardinality bound per instrument (`CARDINALITY_LIMIT` points at most): once limit - 1
+  attribute sets exist, measurements for a new one go to the overflow set
+  `{otel.metric.overflow: true}`, so the total is right while the attributes are lost.
+
+`record_many` adds a stream's many chunk gaps in one call: one lookup and one lock for all of
+them. Instruments may be recorded from one thread while another collects (a lock each). The clock
+(Unix ns) is injected.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import reduce
+from operator import add
+
+__all__ = [
+    "CARDINALITY_LIMIT",
+    "OVERFLOW",
+    "Counter",
+    "Histogram",
+    "HistogramPoint",
+    "Meter",
+    "MetricData",
+    "ScopeData",
+    "SumPoint",
+    "Temporality",
+    "temporality_from_env",
+]
+
+Attributes = Mapping[str, "str | int | bool"]
+CARDINALITY_LIMIT = 2000  # the spec's default, points per instrument including the overflow one
+OVERFLOW: dict[str, str | int | bool] = {"otel.metric.overflow": True}
+_SORTED_FROM = 8  # batches longer than this are counted per bucket from the sorted values
+_Key = frozenset[tuple[str, object]]
+_OVERFLOW_KEY: _Key = frozenset(OVERFLOW.items())
+
+
+class Temporality(IntEnum):
+    """OTLP's AggregationTemporality values."""
+
+    DELTA = 1
+    CUMULATIVE = 2
+
+
+def temporality_from_env(env: Mapping[str, str]) -> Temporality:
+    """OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE for our instruments (synchronous counters and
+    histograms): `cumulative` (default) or `delta`; `lowmemory` is delta for both (the spec's table)."""
+    choice = env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").strip().lower()
+    return Temporality.DELTA if choice in ("delta", "lowmemory") else Temporality.CUMULATIVE
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramPoint:
+    """One attribute set's histogram over [start_ns, time_ns]; `counts` has len(bounds) + 1 buckets."""
+
+    attributes: Attributes
+    start_ns: int
+    time_ns: int
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+    min: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class SumPoint:
+    """One attribute set's counter total over [start_ns, time_ns]."""
+
+    attributes: Attributes
+    start_ns: int
+    time_ns: int
+    value: int | float
+
+
+@dataclass(frozen=True, slots=True)
+class MetricData:
+    """One instrument's points at a collection; `bounds` for a histogram, empty for a sum."""
+
+    name: str
+    description: str
+    unit: str
+    temporality: Temporality
+    histogram: bool
+    bounds: tuple[float, ...]
+    points: tuple[HistogramPoint, ...] | tuple[SumPoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeData:
+    """The metrics of one instrumentation scope (one schema URL) at a collection."""
+
+    name: str
+    version: str
+    schema_url: str
+    metrics: tuple[MetricData, ...]
+
+
+class _HistogramState:
+    __slots__ = ("attributes", "count", "counts", "high", "low", "start_ns", "total")
+
+    def __init__(self, attributes: Attributes, buckets: int, start_ns: int) -> None:
+        self.attributes = attributes
+        self.counts = [0] * buckets
+        self.count = 0
+        self.total = 0.0
+        self.low = math.inf
+        self.high = -math.inf
+        self.start_ns = start_ns
+
+
+class _SumState:
+    __slots__ = ("attributes", "start_ns", "value")
+
+    def __init__(self, attributes: Attributes, start_ns: int) -> None:
+        self.attributes = attributes
+        self.value: int | float = 0
+        self.start_ns = start_ns
+
+
+def _acceptable(values: Sequence[float]) -> Sequence[float]:
+    """The values the SDK would take: non-negative and finite (NaN fails both comparisons)."""
+    if min(values) >= 0 and math.isfinite(sum(values)):
+        return values
+    return [v for v in values if 0 <= v < math.inf]
+
+
+class _Instrument:
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        temporality: Temporality,
+        clock: Callable[[], int],
+        limit: int,
+    ) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.temporality = temporality
+        self.rejected = 0  # negative or non-finite values dropped
+        self._clock = clock
+        self._limit = max(limit, 1)
+        self._lock = threading.Lock()
+        self._created_ns = clock()
+        self._last_ns = self._created_ns  # the previous collection (delta points start there)
+
+    def _key(self, states: Mapping[_Key, object], attributes: Attributes) -> tuple[_Key, Attributes]:
+        """The attribute set's key, or the overflow set's once the bound is reached (lock held)."""
+        key = frozenset(attributes.items())
+        if key in states or len(states) < self._limit - 1:
+            return key, attributes
+        return _OVERFLOW_KEY, OVERFLOW
+
+    def _start(self) -> int:
+        # Cumulative: from when the set was first seen; delta: from the previous collection.
+        return self._last_ns if self.temporality is Temporality.DELTA else self._clock()
+
+
+class Histogram(_Instrument):
+    """An explicit-bucket histogram with the given upper `bounds` (ascending)."""
+
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        bounds: Iterable[float],
+        temporality: Temporality = Temporality.CUMULATIVE,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        limit: int = CARDINALITY_LIMIT,
+    ) -> None:
+        super().__init__(name, unit, description, temporality, clock, limit)
+        self.bounds = tuple(float(b) for b in bounds)
+        self._states: dict[_Key, _HistogramState] = {}
+
+    def _state(self, attributes: Attributes) -> _HistogramState:
+        """The attribute set's state, made on first use (lock held)."""
+        states = self._states
+        key: _Key = frozenset(attributes.items())
+        state = states.get(key)
+        if state is None:
+            key, attributes = self._key(states, attributes)
+            state = states.get(key)
+            if state is None:
+                state = states[key] = _HistogramState(attributes, len(self.bounds) + 1, self._start())
+        return state
+
+    def record(self, value: float, attributes: Attributes) -> None:
+        if not 0 <= value < math.inf:
+            self.rejected += 1
+            return
+        with self._lock:
+            state = self._state(attributes)
+            state.counts[bisect_left(self.bounds, value)] += 1
+            state.count += 1
+            state.total += value
+            if value < state.low:
+                state.low = value
+            if value > state.high:
+                state.high = value
+
+    def record_many(self, values: Sequence[float], attributes: Attributes) -> None:
+        """Each of `values` recorded with `attributes`: one lookup and one lock for all of them."""
+        if not values:
+            return
+        taken = _acceptable(values)
+        if len(taken) != len(values):
+            self.rejected += len(values) - len(taken)
+            if not taken:
+                return
+        bounds = self.bounds
+        ordered = sorted(taken)
+        with self._lock:
+            state = self._state(attributes)
+            counts = state.counts
+            if len(ordered) <= _SORTED_FROM:
+                for v in ordered:
+                    counts[bisect_left(bounds, v)] += 1
+            else:  # values <= bounds[i], minus those <= bounds[i-1]: bucket i's (bisect_left's rule)
+                below = 0
+                for i, bound in enumerate(bounds):
+                    upto = bisect_right(ordered, bound, below)
+                    counts[i] += upto - below
+                    below = upto
+                counts[-1] += len(ordered) - below
+            # Added in the given order, one at a time (in C), as one-by-one recording would: the same float sum.
+            state.total = reduce(add, taken, state.total)
+            state.count += len(ordered)
+            if ordered[0] < state.low:
+                state.low = ordered[0]
+            if ordered[-1] > state.high:
+                state.high = ordered[-1]
+
+    def collect(self) -> MetricData | None:
+        """The points since the start (cumulative) or the previous collection (delta); None when there are none."""
+        now = self._clock()
+        with self._lock:
+            if self.temporality is Temporality.DELTA:
+                states, self._states = self._states, {}
+                start, self._last_ns = self._last_ns, now
+                points = tuple(
+                    HistogramPoint(s.attributes, start, now, tuple(s.counts), s.count, s.total, s.low, s.high)
+                    for s in states.values()
+                )
+            else:
+                points = tuple(
+                    HistogramPoint(s.attributes, s.start_ns, now, tuple(s.counts), s.count, s.total, s.low, s.high)
+                    for s in self._states.values()
+                )
+        if not points:
+            return None
+        return MetricData(self.name, self.description, self.unit, self.temporality, True, self.bounds, points)
+
+
+class Counter(_Instrument):
+    """A monotonic sum."""
+
+    def __init__(
+        self,
+        name: str,
+        unit: str,
+        description: str,
+        temporality: Temporality = Temporality.CUMULATIVE,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        limit: int = CARDINALITY_LIMIT,
+    ) -> None:
+        super().__init__(name, unit, description, temporality, clock, limit)
+        self._states: dict[_Key, _SumState] = {}
+
+    def add(self, amount: int | float, attributes: Attributes) -> None:
+        if not 0 <= amount < math.inf:
+            self.rejected += 1
+            return
+        with self._lock:
+            states = self._states
+            key: _Key = frozenset(attributes.items())
+            state = states.get(key)
+            if state is None:
+                key, attributes = self._key(states, attributes)
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = _SumState(attributes, self._start())
+            state.value += amount
+
+    def collect(self) -> MetricData | None:
+        """As `Histogram.collect`."""
+        now = self._clock()
+        with self._lock:
+            if self.temporality is Temporality.DELTA:
+                states, self._states = self._states, {}
+                start, self._last_ns = self._last_ns, now
+                points = tuple(SumPoint(s.attributes, start, now, s.value) for s in states.values())
+            else:
+                points = tuple(SumPoint(s.attributes, s.start_ns, now, s.value) for s in self._states.values())
+        if not points:
+            return None
+        return MetricData(self.name, self.description, self.unit, self.temporality, False, (), points)
+
+
+class Meter:
+    """The instruments of one instrumentation scope (name, version, schema URL), in creation order."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        schema_url: str,
+        temporality: Temporality = Temporality.CUMULATIVE,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        limit: int = CARDINALITY_LIMIT,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.schema_url = schema_url
+        self.temporality = temporality
+        self._clock = clock
+        self._limit = limit
+        self.instruments: list[Histogram | Counter] = []
+
+    def histogram(self, name: str, unit: str, description: str, bounds: Iterable[float]) -> Histogram:
+        h = Histogram(name, unit, description, bounds, self.temporality, clock=self._clock, limit=self._limit)
+        self.instruments.append(h)
+        return h
+
+    def counter(self, name: str, unit: str, description: str) -> Counter:
+        c = Counter(name, unit, description, self.temporality, clock=self._clock, limit=self._limit)
+        self.instruments.append(c)
+        return c
+
+    def collect(self) -> ScopeData | None:
+        """Every instrument with points; None when none has any."""
+        metrics = tuple(m for m in (i.collect() for i in self.instruments) if m is not None)
+        return ScopeData(self.name, self.version, self.schema_url, metrics) if metrics else None
