@@ -24,7 +24,7 @@ from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild
 
 __all__ = [
     "Recorder", "ERROR_TYPES", "Metrics", "ModelLabels", "BUCKETS_LATENCY", "BUCKETS_OVERHEAD", "BUCKETS_RTT",
-    "BUCKETS_TOKEN",
+    "BUCKETS_TOKEN", "SPAN_DROP_REASONS",
 ]  # fmt: skip
 
 # 1 ms … 20 min: reasoning models can think for minutes before the first token.
@@ -47,6 +47,9 @@ BUCKETS_OVERHEAD = (
 )  # fmt: skip
 
 # ERROR_TYPES (re-exported): the whole `error_type` vocabulary, as proxy/errors.py defines it.
+
+# taotrace_spans_dropped_total{reason}: each pre-created at 0.
+SPAN_DROP_REASONS = ("queue_full", "export_failed")
 
 UNKNOWN_MODEL = "unknown"
 OTHER_MODEL = "other"
@@ -332,6 +335,13 @@ class Metrics:
             registry=registry,
         )  # fmt: skip
         self.records_dropped.labels()
+        self.spans_dropped = Counter(
+            "taotrace_spans_dropped",
+            "Finished spans never delivered: queue_full (the export queue was full: the collector is down "
+            "or slow) or export_failed (in a batch the exporter gave up on).",
+            ("reason",), registry=registry,
+        )  # fmt: skip
+        self._span_drops = {reason: self.spans_dropped.labels(reason) for reason in SPAN_DROP_REASONS}  # 0 at start
         self.compare = _Compare(registry)
         self._children: dict[tuple[str, str, str], _Children] = {}
         self._overhead: dict[tuple[str, str], tuple[HistogramChild, HistogramChild]] = {}
@@ -411,6 +421,13 @@ class Metrics:
                     self.cost_cache_savings.labels(rec.upstream, rec.api, model).inc(cost.cache_savings)
         if self.attributed is not None:
             self.attributed.record(rec, model)
+
+    def span_dropped(self, reason: str, count: int) -> None:
+        """`count` spans dropped for `reason`: the batch processor's `on_drop`."""
+        child = self._span_drops.get(reason)
+        if child is None:  # a reason of a future processor: counted under its own name, bounded by the code
+            child = self._span_drops[reason] = self.spans_dropped.labels(reason)
+        child.inc(count)
 
     def record_lost(self, upstream: str, api: str, count: int) -> None:
         """`count` requests whose worker died while they ran: outcome `worker_lost`, and nothing

@@ -13,7 +13,7 @@ import math
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from proxy.telemetry.spandata import SpanData, SpanExporter
@@ -77,7 +77,7 @@ class InMemorySpanExporter:
 
 def _time(ns: int) -> str:
     """RFC 3339 in UTC with all nine digits of the nanoseconds."""
-    whole = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    whole = datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{whole}.{ns % 1_000_000_000:09d}Z"
 
 
