@@ -8,9 +8,11 @@ import io
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -427,3 +429,18 @@ def test_with_the_receiver_down_on_end_stays_cheap_and_every_span_is_counted() -
     assert processor.shutdown(30)  # each export fails within its 1 s timeout
     assert drops.counts["queue_full"] + drops.counts["export_failed"] == len(spans)
     assert drops.counts["export_failed"] > 0 and exporter.dropped == drops.counts["export_failed"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_gets_its_own_export_thread() -> None:
+    exporter = Recording()
+    processor = BatchSpanProcessor(exporter, schedule_delay=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads running
+        pid = os.fork()
+    if pid == 0:  # the child: the parent's thread is not here; a new one must export
+        processor.on_end(span(1))
+        os._exit(0 if processor.force_flush(10) and [len(b) for b in exporter.batches] == [1] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert exporter.batches == [] and processor.shutdown(10)
