@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 from opentelemetry.trace import INVALID_SPAN, Span
 
@@ -37,6 +38,7 @@ from proxy.logs.stack import stack_of
 from proxy.logs.upstream_failures import UpstreamFailures
 from proxy.mirror import MirrorPolicy, mirror_headers, new_pair_id
 from proxy.outcome import End, Facts, Outcome, decide
+from proxy.protocol import RelayedResponse, eof_written
 from proxy.record import RequestRecord, Traced, usage_of
 from proxy.routes import Route, Router
 from proxy.sinks import Named, Sinks
@@ -62,6 +64,7 @@ HIGH_WATER = 256 << 10  # client send buffer above this: stop reading the upstre
 LOW_WATER = 64 << 10
 RING_CONTENT_LIMIT = 64 << 10  # captured input kept on a record (the live view's ring holds 1,000 of them)
 DRAIN_POLL = 0.005
+_LAST_CHUNK = b"0\r\n\r\n"  # the end of a chunked body
 
 
 class _ClientGone(Exception):
@@ -102,11 +105,17 @@ class _Relay:
 
     Runs inside the upstream protocol's `data_received`, so nothing is queued between the two
     sockets. Returns True when the client's send buffer is over the high-water mark.
+
+    Bytes that arrived together leave together, and none waits for another: `start` sends the
+    response head with the body bytes read with the upstream's head, and the read in which the
+    upstream's body ends carries the final chunk (`0\r\n\r\n`) with it. Each saves a send
+    and a wake-up of the client, and the end reaches the client without waiting for the
+    handler's next turn on the loop.
     """
 
     __slots__ = (
-        "cap", "chunked", "clock", "copy", "decoder", "failure", "lost", "phase", "reader", "relayed", "t_written",
-        "tcp_first", "tcp_probe", "transport",
+        "cap", "chunked", "clock", "copy", "decoder", "failure", "lost", "phase", "reader", "relayed", "source",
+        "t_written", "tcp_first", "tcp_probe", "transport", "writer",
     )  # fmt: skip
 
     def __init__(
@@ -120,6 +129,7 @@ class _Relay:
         copy: bytearray | None,
         cap: int,
         tcp_probe: Callable[[], TcpInfo | None] | None = None,
+        source: UpstreamResponse | None = None,
     ) -> None:
         self.transport = transport
         self.chunked = chunked
@@ -135,6 +145,8 @@ class _Relay:
         self.relayed = phase.relay
         self.tcp_probe = tcp_probe  # reads TCP_INFO once, at the first token
         self.tcp_first: TcpInfo | None = None
+        self.source = source  # the upstream response: did its body end in the read being relayed?
+        self.writer: AbstractStreamWriter | None = None  # aiohttp's writer of the response, after `start`
 
     @property
     def stream_error(self) -> bool:
@@ -149,6 +161,28 @@ class _Relay:
         reader = self.reader
         return reader is not None and reader.done
 
+    async def start(self, writer: AbstractStreamWriter, first: bytes, whole: bool) -> None:
+        """Send the response head, which aiohttp holds (`RelayedResponse`): with `first`, the
+        body bytes read with the upstream's head, in one write (with the body's end too when
+        `whole`), or alone, at once, when none came with it."""
+        self.writer = writer
+        t = self.clock()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            self.lost = True
+            raise _ClientGone
+        if not first:
+            writer.send_headers()
+            return
+        if whole:
+            await writer.write_eof(first)
+        else:
+            await writer.write(first)
+        try:
+            self._written(chunk=first, t=t, transport=transport)
+        except Exception as exc:  # noqa: BLE001 - our own code failed: logged, and the request is internal_error
+            self._failed(exc)
+
     def __call__(self, chunk: bytes) -> bool:
         try:
             t = self.clock()
@@ -160,37 +194,47 @@ class _Relay:
                 raise _ClientGone
             if not self.chunked:
                 transport.write(chunk)
-            elif len(chunk) < 16384:
-                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))  # one small copy, one send
             else:
-                transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
-            self.t_written = t
-            self.relayed.append(self.clock() - t)  # the proxy's relay cost for this read
-            phase = self.phase
-            if phase.t_first_byte is None:
-                phase.body_bytes(t)
-            reader = self.reader
-            if reader is not None:
-                try:
-                    for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
-                        if is_chunk(event):
-                            phase.chunk(t)
-                        if reader.feed(event):
-                            phase.token(t)
-                except Exception:  # parsing is best effort, forwarding is not
-                    log.debug("stream parse failed; timing for this request is partial", exc_info=True)
-                    self.reader = None
-                if self.tcp_probe is not None and phase.t_first is not None:
-                    self.tcp_first = self.tcp_probe()  # once per request, after the bytes went out
-                    self.tcp_probe = None
-            elif self.copy is not None and len(self.copy) < self.cap:
-                self.copy += chunk
-            return transport.get_write_buffer_size() > HIGH_WATER
+                source, writer = self.source, self.writer
+                # The upstream's body ended in this read: the end of ours goes with it.
+                end = _LAST_CHUNK if source is not None and writer is not None and source.complete else b""
+                if len(chunk) < 16384:
+                    transport.write(b"%x\r\n%b\r\n%b" % (len(chunk), chunk, end))  # one small copy, one send
+                else:
+                    transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n" + end))
+                if end:
+                    eof_written(writer)  # type: ignore[arg-type]
+            return self._written(chunk, t, transport)
         except _ClientGone:
             raise
         except Exception as exc:  # noqa: BLE001 - our own code failed: logged, and the request is internal_error
             self._failed(exc)
             return False
+
+    def _written(self, chunk: bytes, t: float, transport: asyncio.Transport) -> bool:
+        """`chunk` went to the client at `t`: time and parse it; True when the client's buffer is full."""
+        self.t_written = t
+        self.relayed.append(self.clock() - t)  # the proxy's relay cost for this read
+        phase = self.phase
+        if phase.t_first_byte is None:
+            phase.body_bytes(t)
+        reader = self.reader
+        if reader is not None:
+            try:
+                for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
+                    if is_chunk(event):
+                        phase.chunk(t)
+                    if reader.feed(event):
+                        phase.token(t)
+            except Exception:  # parsing is best effort, forwarding is not
+                log.debug("stream parse failed; timing for this request is partial", exc_info=True)
+                self.reader = None
+            if self.tcp_probe is not None and phase.t_first is not None:
+                self.tcp_first = self.tcp_probe()  # once per request, after the bytes went out
+                self.tcp_probe = None
+        elif self.copy is not None and len(self.copy) < self.cap:
+            self.copy += chunk
+        return transport.get_write_buffer_size() > HIGH_WATER
 
     def _failed(self, exc: Exception) -> None:
         """Our own code failed on a read (a bug, never the client's doing): log it, and cut the
@@ -481,8 +525,9 @@ class Forwarder:
         head = response_headers(upstream.headers)
         if self.server_timing:
             head.add("Server-Timing", server_timing(x.phase))  # beside the upstream's own, if any
-        response = web.StreamResponse(status=x.status, reason=upstream.reason, headers=head)
-        await response.prepare(request)
+        response = RelayedResponse(status=x.status, reason=upstream.reason, headers=head)
+        writer = await response.prepare(request)  # the head waits in the writer: `_Relay.start` sends it
+        assert writer is not None
         x.head_sent = True
         decoder, reader, copy = self._parsers(x.dialect, upstream, x.status)
         x.relay = _Relay(
@@ -495,8 +540,9 @@ class Forwarder:
             copy,
             MAX_BODY_COPY if x.status < 400 else MAX_ERROR_COPY,
             upstream.tcp_info,
+            upstream,
         )
-        x.end = await self._relay(upstream, request, response, x.relay, x.route)
+        x.end = await self._relay(upstream, request, response, writer, x.relay, x.route)
         return response
 
     def _offer_mirror(self, x: _Exchange, request: web.BaseRequest, target: str, body: bytes) -> None:
@@ -597,10 +643,11 @@ class Forwarder:
         upstream: UpstreamResponse,
         request: web.BaseRequest,
         response: web.StreamResponse,
+        writer: AbstractStreamWriter,
         relay: _Relay,
         route: Route,
     ) -> End:
-        """Relay the body to its end; returns how it ended."""
+        """Send the head, relay the body to its end; returns how it ended."""
         transport = request.transport
 
         async def drained() -> None:
@@ -612,6 +659,7 @@ class Forwarder:
                 await asyncio.sleep(DRAIN_POLL)
 
         try:
+            await relay.start(writer, upstream.take_read(), upstream.complete)
             await upstream.relay(relay, drained)
         except Exception as exc:  # noqa: BLE001 - noted as how it ended (and logged when it is ours)
             end = _ended_by(relay, exc)

@@ -158,6 +158,12 @@ class Connection(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
 
+    def take_pending(self) -> bytes:
+        """The body read before a relay attached (with the head, typically), taken out: the caller
+        sends it with the response head in one write."""
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        return pending[0] if len(pending) == 1 else b"".join(pending)
+
     async def relay(self, sink: Sink, drained: Callable[[], Awaitable[None]]) -> None:
         """Hand every read of the body to `sink` until the end. Raises `BodyFailure`."""
         pending, self.pending, self.pending_bytes = self.pending, [], 0

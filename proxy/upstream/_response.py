@@ -47,6 +47,12 @@ class UpstreamResponse:
         """
         return self._conn.relay(sink, drained)
 
+    def take_read(self) -> bytes:
+        """The body bytes already read (those that came with the head), taken out of the relay's
+        way: the caller writes them with the response head in one send, then `relay()` goes on
+        from the next read. b"": none yet."""
+        return self._conn.take_pending()
+
     @property
     def complete(self) -> bool:
         """The body was read to its end."""
