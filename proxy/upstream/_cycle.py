@@ -183,6 +183,9 @@ class ResponseCycle:
         self.where = where  # "host:port", for our own messages
         self.parser = httptools.HttpResponseParser(self)
         self.state = IDLE
+        # The response was read to its end (DONE or MUST_CLOSE): kept by `_fire`, since the relay
+        # asks after every read whether the body ended in it.
+        self.complete = False
         self.events: list[Event] = []
         self.parts: list[bytes] = []  # body pieces of the read being parsed
         self._clear()
@@ -212,11 +215,6 @@ class ResponseCycle:
         state = self.state
         return state is AWAIT_HEAD or state is BODY or state is BODY_TO_EOF
 
-    @property
-    def complete(self) -> bool:
-        """The response was read to its end."""
-        return self.state is DONE or self.state is MUST_CLOSE
-
     # --- inputs ------------------------------------------------------------------------------
 
     def _fire(self, what: Input, detail: str = "") -> None:
@@ -224,6 +222,7 @@ class ResponseCycle:
         if state is FAILED and self.state is not FAILED:
             self.failure = self._failure(what, detail)
         self.state = state
+        self.complete = state is DONE or state is MUST_CLOSE
         if event is not None:
             self.events.append(event)
 

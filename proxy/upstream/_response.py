@@ -18,13 +18,13 @@ __all__ = ["UpstreamResponse"]
 class UpstreamResponse:
     """The response head, and `relay()` for the body."""
 
-    __slots__ = ("_conn", "_ended", "_pool", "headers", "reason", "status", "tcp_start")
+    __slots__ = ("_conn", "_cycle", "_ended", "_pool", "headers", "reason", "status", "tcp_start")
 
     def __init__(self, conn: Connection, pool: UpstreamPool) -> None:
         self._conn = conn
         self._pool = pool
         self._ended = False  # close() or discard_rest() ran: the connection and the slot are no longer ours
-        cycle = conn.cycle
+        cycle = self._cycle = conn.cycle
         self.status = cycle.status
         self.reason = cycle.reason.decode("latin-1", "replace").strip() or None
         self.headers = cycle.headers
@@ -56,7 +56,7 @@ class UpstreamResponse:
     @property
     def complete(self) -> bool:
         """The body was read to its end."""
-        return self._conn.cycle.complete
+        return self._cycle.complete
 
     def tcp_info(self) -> TcpInfo | None:
         """The connection's `TCP_INFO` now; None off Linux or once it is closed."""
