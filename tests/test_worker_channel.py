@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.listen import bind
 from proxy.settings import Settings
-from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
+from proxy.workers.channel import ChannelError, decode, encode, mismatch, receive, receive_hello
 from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Records, Start, schema
 from proxy.workers.supervisor import Group, supervising
 from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
@@ -243,7 +243,7 @@ async def test_a_worker_whose_supervisor_stops_reading_holds_at_most_its_bound_a
 
         transport.resume_reading()
         frames = await _frames(reader, quiet=1.0)  # what the worker held for us, and no more
-        messages = [pickle.loads(f) for f in frames]
+        messages = [decode(f) for f in frames]
         records = [rec for m in messages if isinstance(m, Records) for rec in m.records]
         dropped = max(m.dropped for m in messages if isinstance(m, Records))
         assert dropped > 0 and len(records) + dropped == requests  # each record arrived or was counted

@@ -7,11 +7,12 @@
     supervisor -> worker   Start            after a Hello of this very version: settings, index, ...
                            AskInFlight      the live view polls: what runs now (one request, or all)
 
-Every message but the Hello is a pickle, which is only safe between two processes that hold the
-same classes with the same fields: a `RequestRecord` pickles its fields by position, so a worker
-started from newer code after an in-place upgrade would shift them silently in the old
-supervisor. The Hello carries `VERSION` and `SCHEMA` (a digest of every field of every class that
-crosses the channel), and a supervisor refuses a worker whose Hello differs in either.
+Records cross as plain tuples of their fields by position (`record_form`, see channel.py), the
+other messages as pickles: both are only safe between two processes that hold the same classes
+with the same fields, since a worker started from newer code after an in-place upgrade would
+shift them silently in the old supervisor. The Hello carries `VERSION` and `SCHEMA` (a digest of
+every field of every class that crosses the channel, and of `WIRE`, the way they are written),
+and a supervisor refuses a worker whose Hello differs in either.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from proxy.inflight import InFlight
 from proxy.record import RequestRecord
 from proxy.tcpinfo import TcpStats
 from proxy.timing import RequestTiming, SpanStart
+from proxy.workers.plain import Plain
 
 __all__ = [
     "SCHEMA",
     "VERSION",
+    "WIRE",
     "AskInFlight",
     "Hello",
     "InFlightAnswer",
@@ -42,10 +45,14 @@ __all__ = [
     "Start",
     "ToSupervisor",
     "ToWorker",
+    "record_form",
     "schema",
 ]
 
 VERSION = __version__
+# How messages are written (channel.py): 1 every message a pickle; 2 records as plain tuples in
+# marshal, the rest pickles. Part of SCHEMA: a worker writing another way is refused at its Hello.
+WIRE = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +123,10 @@ def _dataclasses_in(hint: object) -> list[type]:
     return [found for arg in typing.get_args(hint) for found in _dataclasses_in(arg)]
 
 
-def schema(*roots: type) -> str:
-    """A digest of the fields (names, types, order) of `roots` and of every dataclass they hold."""
-    seen: dict[str, str] = {}
+def schema(*roots: type, wire: int = WIRE) -> str:
+    """A digest of the fields (names, types, order) of `roots` and of every dataclass they hold,
+    written the `wire` way."""
+    seen: dict[str, str] = {"wire": str(wire)}
     todo = list(roots)
     while todo:
         cls = todo.pop()
@@ -135,3 +143,5 @@ def schema(*roots: type) -> str:
 
 
 SCHEMA = schema(Hello, Start, Ready, Records, AskInFlight, InFlightAnswer)
+record_form: Plain[RequestRecord] = Plain(RequestRecord, localns=_CROSSING)
+"""A record as the tuple it crosses the channel in, and back."""

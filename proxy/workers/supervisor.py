@@ -71,7 +71,17 @@ from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spans import Telemetry
 from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
-from proxy.workers.messages import AskInFlight, InFlightAnswer, Ready, Records, Start, ToSupervisor, ToWorker
+from proxy.workers.messages import (
+    AskInFlight,
+    InFlightAnswer,
+    Ready,
+    Records,
+    Start,
+    ToSupervisor,
+    ToWorker,
+    record_form,
+)
+from proxy.workers.plain import copy_with
 
 __all__ = ["CHANNEL_BOUND", "Group", "instance_id", "supervising"]
 
@@ -189,7 +199,7 @@ class _Supervisor:
             raise ChannelError(f"a {type(message).__name__} from a worker")
 
     def _records(self, worker: _Worker, message: Records) -> None:
-        metrics, replay = self.group.metrics, self.telemetry.replay
+        metrics, replay, sinks = self.group.metrics, self.telemetry.replay, self.sinks
         if message.dropped > worker.dropped:
             metrics.records_dropped.labels().inc(message.dropped - worker.dropped)
             worker.dropped = message.dropped
@@ -211,8 +221,8 @@ class _Supervisor:
                 except Exception as exc:  # noqa: BLE001 - telemetry never stops the group's metrics
                     self.sinks.failed("spans", exc)
                 # Observers (the live view's ring) get what they get in one process.
-                rec = dataclasses.replace(rec, span=None)
-            self.sinks(rec)
+                rec = copy_with(record_form, rec, span=None)
+            sinks(rec)
         if message.in_flight != worker.in_flight:
             worker.in_flight = message.in_flight
             self._sum_in_flight()

@@ -42,15 +42,16 @@ __all__ = ["Shipper", "main"]
 
 log = logging.getLogger("taotrace")
 GAUGE_PERIOD = 0.25  # seconds: in-flight counts reach the supervisor this often when they change
-# Records wait this long to travel together: pickling one alone cost 17-23 us, in a batch of 32
-# 9-12 us per record (its classes are written once per message).
-BATCH_DELAY = 0.02
+# Records wait at most BATCH_DELAY to travel together, or go as soon as BATCH_RECORDS wait: each
+# message costs the supervisor a wake-up and a read on top of its records (see docs/performance.md).
+BATCH_DELAY = 0.005
+BATCH_RECORDS = 128
 FINAL_FLUSH_SECONDS = 2.0  # the last records at exit wait this long at most for the supervisor to read
 
 
 class Shipper:
-    """The worker's `Recorder`: records are batched (`BATCH_DELAY`) and written to the
-    supervisor; the in-flight gauge is kept locally and sent as absolute counts.
+    """The worker's `Recorder`: records are batched (`BATCH_DELAY`, `BATCH_RECORDS`) and written
+    to the supervisor; the in-flight gauge is kept locally and sent as absolute counts.
 
     Never blocks and never grows without bound: while `max_buffered` bytes or more wait unsent
     (a supervisor that stopped reading), a batch is dropped instead, and `dropped` counts its
@@ -70,15 +71,21 @@ class Shipper:
         self.sink_errors = Counter("taotrace_sink_errors", "Sink failures.", ("sink",), registry=Registry())
         self.mirror_drops: dict[str, int] = {}
         self._pending: list[RequestRecord] = []
+        self._due: asyncio.Handle | None = None  # the flush of the records pending
         self._sent_gauge: dict[tuple[str, ...], float] = {}
         self._sent_dropped = 0
         self._sent_errors: dict[str, float] = {}
         self._sent_mirror_drops: dict[str, int] = {}
 
     def record(self, rec: RequestRecord) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
-        self._pending.append(rec)
+        pending = self._pending
+        pending.append(rec)
+        if len(pending) == 1:
+            self._due = asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
+        elif len(pending) == BATCH_RECORDS:  # a full batch goes on the next turn of the loop
+            if self._due is not None:
+                self._due.cancel()
+            self._due = asyncio.get_running_loop().call_soon(self.flush)
 
     def mirror_dropped(self, reason: str) -> None:
         """A `--mirror` copy a cap refused (`serving`'s hook): sent with the next batch, or with
@@ -96,6 +103,9 @@ class Shipper:
         return {key[0]: child.value for key, child in list(self.sink_errors.children.items()) if child.value}
 
     def flush(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         records, self._pending = self._pending, []
         gauge, errors = self._gauge(), self._errors()
         drops = self.mirror_drops

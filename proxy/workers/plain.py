@@ -1,0 +1,110 @@
+"""Frozen dataclasses as plain tuples, and back: the compact form records cross the channel in.
+
+`Plain(cls)` reads `cls`'s fields once and builds two functions: `encode(obj)` gives a tuple of
+the field values in field order, a dataclass field (`D`, `D | None`, `tuple[D, ...]`) as its own
+tuple, every other value as it is (they are `marshal`'s types: str, int, float, bool, None,
+tuples, lists, dicts); `decode(values)` builds the object again without running `__init__`.
+
+Why not pickle: unpickling a frozen slots dataclass runs `dataclasses._dataclass_setstate`, Python
+code that looks up the fields and calls `object.__setattr__` once per field, for every object;
+here the slot descriptors are set directly and `marshal` reads the tuples in C
+(`tests/bench/supervisor_records.py`). Both ends run the same code (the Hello checks), so a
+tuple's positions mean the same fields on both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Plain", "copy_with"]
+
+T = TypeVar("T")
+_Convert = Callable[[Any], Any]
+
+
+def _dataclass_of(hint: object) -> tuple[str, type] | None:
+    """("one" | "optional" | "many", D) when `hint` holds dataclass D in a shape we encode, else None."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return "one", hint
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = args[0] if args[1] is type(None) else args[1]
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            return "optional", inner
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        inner = args[0]
+        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            return "many", inner
+    return None
+
+
+def _each(convert: _Convert, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(map(convert, values))
+
+
+class Plain(Generic[T]):
+    """The tuple form of dataclass `cls` (and of the dataclasses its fields hold)."""
+
+    def __init__(self, cls: type[T], localns: dict[str, Any] | None = None) -> None:
+        """`localns`: names of classes its annotations use but its module imports only for type checking."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        hints = typing.get_type_hints(cls, localns=localns)
+        self.cls = cls
+        self._get = operator.attrgetter(*(f.name for f in fields)) if len(fields) > 1 else None
+        self._names = tuple(f.name for f in fields)
+        self._setters = tuple(getattr(cls, f.name).__set__ for f in fields)  # the slots' descriptors
+        self._encoders: list[tuple[int, _Convert]] = []
+        self._decoders: list[tuple[int, _Convert]] = []
+        for i, f in enumerate(fields):
+            found = _dataclass_of(hints[f.name])
+            if found is None:
+                continue
+            shape, inner_cls = found
+            inner: Plain[Any] = Plain(inner_cls, localns)
+            if shape == "many":
+                self._encoders.append((i, functools.partial(_each, inner.encode)))
+                self._decoders.append((i, functools.partial(_each, inner.decode)))
+            else:  # "one" or "optional": None stays None
+                self._encoders.append((i, inner.encode))
+                self._decoders.append((i, inner.decode))
+
+    def encode(self, obj: T) -> tuple[Any, ...]:
+        values = self._get(obj) if self._get is not None else tuple(getattr(obj, n) for n in self._names)
+        if not self._encoders:
+            return values
+        out = list(values)
+        for i, convert in self._encoders:
+            if out[i] is not None:
+                out[i] = convert(out[i])
+        return tuple(out)
+
+    def decode(self, values: tuple[Any, ...] | list[Any]) -> T:
+        """The object `encode` gave `values` for; a `ValueError` when they cannot be one."""
+        if len(values) != len(self._setters):
+            raise ValueError(f"{len(values)} values for the {len(self._setters)} fields of {self.cls.__name__}")
+        if self._decoders:
+            values = list(values)
+            for i, convert in self._decoders:
+                if values[i] is not None:
+                    values[i] = convert(values[i])
+        obj = object.__new__(self.cls)
+        for set_field, value in zip(self._setters, values, strict=True):
+            set_field(obj, value)
+        return obj
+
+
+def copy_with(plain: Plain[T], obj: T, **changes: Any) -> T:
+    """`dataclasses.replace(obj, **changes)` without `__init__` (a third of its cost for a record)."""
+    values = list(plain._get(obj) if plain._get is not None else (getattr(obj, n) for n in plain._names))
+    for name, value in changes.items():
+        values[plain._names.index(name)] = value
+    new = object.__new__(plain.cls)
+    for set_field, value in zip(plain._setters, values, strict=True):
+        set_field(new, value)
+    return new
