@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import marshal
 import os
 import pickle
+import random
 import signal
 import socket
 import struct
@@ -23,12 +25,28 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.accounting.prices import Cost
+from proxy.accounting.ratelimits import RateLimit, RateLimits
 from proxy.listen import bind
 from proxy.settings import Settings
+from proxy.tcpinfo import TcpStats
+from proxy.timing import SpanStart
 from proxy.workers.channel import ChannelError, decode, encode, mismatch, receive, receive_hello
-from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Records, Start, schema
+from proxy.workers.messages import (
+    SCHEMA,
+    VERSION,
+    WIRE,
+    AskInFlight,
+    Hello,
+    InFlightAnswer,
+    Ready,
+    Records,
+    Start,
+    schema,
+)
 from proxy.workers.supervisor import Group, supervising
-from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
+from proxy.workers.worker import BATCH_DELAY, BATCH_RECORDS, Shipper
+from tests.fakes import FakeUpstream, chat_stream, json_handler, record_for, stream_handler
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
 
@@ -67,6 +85,10 @@ def test_the_schema_digest_changes_with_any_field_of_a_class_that_crosses() -> N
     assert mismatch(ours) is None
     assert mismatch(dataclasses.replace(ours, schema=schema(outer(inner)))) is not None
     assert mismatch(dataclasses.replace(ours, version="0.0.1")) is not None
+    # The way messages are written is part of the digest: same classes, another wire, refused.
+    roots = (Hello, Start, Ready, Records, AskInFlight, InFlightAnswer)
+    assert schema(*roots) == SCHEMA and schema(*roots, wire=WIRE - 1) != SCHEMA
+    assert mismatch(dataclasses.replace(ours, schema=schema(*roots, wire=WIRE - 1))) is not None
 
 
 async def test_frames_that_are_not_our_messages_are_refused() -> None:
@@ -81,6 +103,14 @@ async def test_frames_that_are_not_our_messages_are_refused() -> None:
         await receive(reader_of(b"abc"))  # not a pickle
     with pytest.raises(ChannelError):
         await receive(reader_of(pickle.dumps(("records", [], {}))))  # the old untyped tuples
+    with pytest.raises(ChannelError):  # records as the pickle-only build wrote them
+        await receive(reader_of(pickle.dumps(Records([], {}, 0, {}), protocol=pickle.HIGHEST_PROTOCOL)))
+    with pytest.raises(ChannelError):  # records arrive in their own form, never as a pickle frame
+        await receive(reader_of(b"P" + pickle.dumps(Records([], {}, 0, {}))))
+    with pytest.raises(ChannelError):  # a record of another shape (fields added or taken away)
+        await receive(reader_of(b"R" + marshal.dumps(([("a", "b")], {}, 0, {}, {}))))
+    with pytest.raises(ChannelError):
+        await receive(reader_of(b"R" + b"not marshal"))
     with pytest.raises(ChannelError):
         await receive_hello(reader_of(b'{"taotrace": "0.1.0"}'))  # a hello without its schema
     reader = asyncio.StreamReader()
@@ -91,8 +121,8 @@ async def test_frames_that_are_not_our_messages_are_refused() -> None:
     assert isinstance(await receive(reader_of(encode(Ready())[4:])), Ready)
 
 
-# A worker command: the first process started is an older build (its Hello says so and it waits
-# for a Start that must never come); every later one is the real worker.
+# A worker command: the first process started is another build (its Hello says which, argv[2] and
+# argv[3], and it waits for a Start that must never come); every later one is the real worker.
 OLDER_FIRST = r"""
 import json, os, socket, struct, sys, time
 fd = int(sys.argv[-1])
@@ -101,7 +131,7 @@ try:
 except FileExistsError:
     os.execv(sys.executable, [sys.executable, "-m", "proxy.workers.worker", str(fd)])
 sock = socket.socket(fileno=fd)
-body = json.dumps({"taotrace": "0.0.1", "schema": "0123456789abcdef", "pid": os.getpid()}).encode()
+body = json.dumps({"taotrace": sys.argv[2], "schema": sys.argv[3], "pid": os.getpid()}).encode()
 sock.sendall(struct.pack("!I", len(body)) + body)
 sock.settimeout(30)
 got = sock.recv(1)
@@ -109,14 +139,22 @@ open(sys.argv[1], "w").write("told to start" if got else "closed")
 """
 
 
+# The digest the last build that wrote every message as a pickle said in its Hello (same version).
+PICKLE_ONLY_SCHEMA = "e3dc5af759871c4d"
+
+
+@pytest.mark.parametrize(
+    "version,digest", [("0.0.1", "0123456789abcdef"), (VERSION, PICKLE_ONLY_SCHEMA)], ids=["older", "pickle-only"]
+)
 async def test_a_worker_of_another_version_is_refused_and_the_group_serves_on(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, version: str, digest: str
 ) -> None:
     upstream = await FakeUpstream(stream_handler(chat_stream(3))).start()
     marker = tmp_path / "older-build-started"
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=2.0, workers=2)
     try:
-        async with supervising(settings, worker_command=(sys.executable, "-c", OLDER_FIRST, str(marker))) as group:
+        command = (sys.executable, "-c", OLDER_FIRST, str(marker), version, digest)
+        async with supervising(settings, worker_command=command) as group:
             assert group.readiness() == "ready"  # the refused slot was filled by a worker of this version
             async with aiohttp.ClientSession() as s:
                 for _ in range(4):
@@ -131,7 +169,7 @@ async def test_a_worker_of_another_version_is_refused_and_the_group_serves_on(
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].startswith("worker ")
     assert refusals[0].endswith(
-        f"refused: it runs taotrace 0.0.1 (records 0123456789abcdef), this supervisor {VERSION} (records {SCHEMA}); "
+        f"refused: it runs taotrace {version} (records {digest}), this supervisor {VERSION} (records {SCHEMA}); "
         "restart the whole group after an upgrade"
     )
 
@@ -258,3 +296,178 @@ async def test_a_worker_whose_supervisor_stops_reading_holds_at_most_its_bound_a
             sock.close()
         parent.close()
         await upstream.close()
+
+
+def test_a_record_crosses_the_channel_whole() -> None:
+    """Every field, the nested classes and the optional ones set, arrives as the worker built it."""
+    rnd = random.Random(5)
+    base = record_for("chat_completions", "gpt-4o", 200, rnd, tokens=30)
+    span = SpanStart(
+        name="chat gpt-4o", trace_id=rnd.getrandbits(128), span_id=rnd.getrandbits(64), trace_flags=1,
+        trace_state=(("vendor", "x"),), parent=(rnd.getrandbits(128), rnd.getrandbits(64), 1, True, ()),
+        start=1_700_000_000_000_000_000,
+        attributes={"url.path": "/v1/chat/completions", "server.port": 443, "gen_ai.request.temperature": 0.2,
+                    "gen_ai.request.stream": True, "gen_ai.request.stop_sequences": ("\n", "END")},
+        output='[{"role": "assistant"}]', offset=-12345, links=((1, 2, 1, False, (("k", "v"),)),),
+    )  # fmt: skip
+    full = dataclasses.replace(
+        base,
+        timing=dataclasses.replace(base.timing, chunk_gaps=(0.001, 0.002), relay=(4e-6,), ttfc=0.01),
+        attributes=(("taotrace.key.id", "k-1234"), ("app.team", "search")),
+        rate_limits=RateLimits(
+            limits=(RateLimit(kind="requests", limit=500, remaining=499, reset=0.12), RateLimit(kind="tokens")),
+            retry_after=1.5, observed_at=1.7e9,
+        ),  # fmt: skip
+        cost=Cost(amount=0.0123, cache_savings=None, currency="USD"),
+        tcp=TcpStats(rtt=4e-5, rtt_var=1e-5, min_rtt=2e-5, retransmits=0, out_of_order=None, delivery_rate=10**9),
+        span=span, upstream="openai", pair_id="p-1", mirror=True, input_content='[{"role": "user"}]',
+    )  # fmt: skip
+    message = Records([full, base], {("openai", "chat_completions"): 2.0}, 3, {"spans": 1.0}, {"per_minute": 4})
+    frame = encode(message)
+    assert frame[4:5] == b"R"
+    back = decode(frame[4:])
+    assert back == message
+    assert isinstance(back, Records) and type(back.records[0].span) is SpanStart
+    assert back.records[0].rate_limits is not None and back.records[0].rate_limits.limits[1] == RateLimit(kind="tokens")
+
+
+async def _real_worker(
+    upstream: FakeUpstream, bound: int, sndbuf: int | None = None
+) -> tuple[asyncio.subprocess.Process, asyncio.StreamReader, asyncio.StreamWriter, int, list[socket.socket]]:
+    """The real worker with this test as its supervisor, told to serve `upstream` (its Ready read)."""
+    parent, child = socket.socketpair()
+    if sndbuf is not None:
+        child.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    reserved = bind("127.0.0.1", 0, port_flag="--port", host_flag="--host", backlog=None, reuse_port=True)
+    port = reserved[0].getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy.workers.worker", str(child.fileno()), pass_fds=(child.fileno(),),
+        stdin=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    child.close()
+    reader, writer = await asyncio.open_connection(sock=parent)
+    hello = await asyncio.wait_for(receive_hello(reader), 30)
+    assert hello is not None and mismatch(hello) is None and hello.pid == proc.pid
+    settings = Settings(upstream=upstream.url, port=port, metrics_port=0, drain_seconds=1.0, log_level="warning")
+    writer.write(encode(Start(settings.model_dump(), 0, False, bound)))
+    assert isinstance(await asyncio.wait_for(receive(reader), 30), Ready)
+    return proc, reader, writer, port, reserved
+
+
+async def test_records_arrive_in_order_in_batches_and_none_is_lost_when_a_worker_drains() -> None:
+    """The real worker: requests one after another (each its own model name, so the order shows),
+    then bursts (batched), then SIGTERM right after the last answer: what is still waiting for its
+    batch is sent before the worker exits."""
+    upstream = await FakeUpstream(json_handler({"ok": True})).start()
+    proc, reader, writer, port, reserved = await _real_worker(upstream, 16 * 1024 * 1024)
+    try:
+
+        async def one(session: aiohttp.ClientSession, n: int) -> None:
+            async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": f"m{n}"}) as r:
+                assert r.status == 200 and await r.read() == b'{"ok": true}'
+
+        async with aiohttp.ClientSession() as session:
+            for n in range(40):
+                await one(session, n)
+            for burst in range(4):
+                await asyncio.gather(*(one(session, 1000 + 50 * burst + k) for k in range(50)))
+        proc.send_signal(signal.SIGTERM)  # the last burst's records are still in their batch
+        frames = []
+        while (message := await asyncio.wait_for(receive(reader), 30)) is not None:
+            frames.append(message)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        for sock in reserved:
+            sock.close()
+        writer.close()
+        await upstream.close()
+    batches = [m.records for m in frames if isinstance(m, Records) and m.records]
+    models = [rec.model for batch in batches for rec in batch]
+    assert models[:40] == [f"m{n}" for n in range(40)]  # in the order they finished
+    assert sorted(models[40:]) == sorted(f"m{1000 + k}" for k in range(200))  # every one, none twice
+    assert all(m.dropped == 0 for m in frames if isinstance(m, Records))
+    assert len(batches) < 40 + 200  # some travelled together
+    assert max(map(len, batches)) <= BATCH_RECORDS
+
+
+async def test_a_full_batch_leaves_at_once_and_a_lone_record_within_the_delay() -> None:
+    """The real `Shipper` over a socketpair: `BATCH_RECORDS` records go on the next turn of the loop,
+    without waiting for the delay; fewer go after `BATCH_DELAY`; each message says the counts."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    their_reader, their_writer = await asyncio.open_connection(sock=ours)
+    shipper = Shipper(writer, max_buffered=16 * 1024 * 1024)
+    rnd = random.Random(3)
+    records = [record_for("chat_completions", f"m{i}", 200, rnd) for i in range(BATCH_RECORDS + 1)]
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        for rec in records[:BATCH_RECORDS]:
+            shipper.record(rec)
+        first = await asyncio.wait_for(receive(their_reader), 10)
+        assert isinstance(first, Records) and [r.model for r in first.records] == [
+            f"m{i}" for i in range(BATCH_RECORDS)
+        ]
+        assert loop.time() - began < BATCH_DELAY * 100  # a loop turn, not the delay (a loaded host: wide bar)
+        shipper.record(records[-1])
+        assert shipper.buffered() == 0  # held for its batch, not written at once
+        second = await asyncio.wait_for(receive(their_reader), 10)
+        assert isinstance(second, Records) and second.records == [records[-1]]
+    finally:
+        writer.close()
+        their_writer.close()
+        reader.feed_eof()
+
+
+# A worker command: it sends one batch (3 finished requests, 2 in flight) and is killed while it
+# writes the next one: half a frame reaches the supervisor.
+KILLED_MID_BATCH = r"""
+import asyncio, os, random, socket, sys
+sys.path.insert(0, sys.argv[1])
+from proxy.workers.channel import encode, encode_hello, receive
+from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Records, Start
+from tests.fakes import record_for
+
+async def main():
+    first = not os.path.exists(sys.argv[2])
+    open(sys.argv[2], "a").close()
+    reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=int(sys.argv[-1])))
+    writer.write(encode_hello(Hello(VERSION, SCHEMA, os.getpid())))
+    assert isinstance(await receive(reader), Start)
+    writer.write(encode(Ready()))
+    if first:
+        rnd = random.Random(1)
+        done = [record_for("chat_completions", "m", 200, rnd) for _ in range(3)]
+        busy = {("127.0.0.1", "chat_completions"): 2.0}
+        writer.write(encode(Records(done, busy, 0, {})))
+        cut = encode(Records([record_for("chat_completions", "m", 200, rnd) for _ in range(5)], busy, 0, {}))
+        writer.write(cut[: len(cut) // 2])
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        os._exit(1)
+    await receive(reader)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_worker_killed_mid_batch_counts_its_requests_in_flight_as_lost(tmp_path: Path) -> None:
+    settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1)
+    root = str(Path(__file__).resolve().parent.parent)
+    command = (sys.executable, "-c", KILLED_MID_BATCH, root, str(tmp_path / "first"))
+    async with supervising(settings, worker_command=command) as group:
+
+        async def restarted() -> bool:
+            return group.metrics.worker_restarts.labels().get() == 1 and group.readiness() == "ready"
+
+        await eventually(restarted)
+        samples = await scrape(group)
+    requests = {
+        (dict(labels)["error_type"], dict(labels)["status_code"]): n
+        for (name, labels), n in samples.items()
+        if name == "taotrace_requests_total"
+    }
+    # the whole batch counted, the half one never applied, the two in flight lost
+    assert requests == {("", "200"): 3, ("worker_lost", "0"): 2}
