@@ -30,27 +30,28 @@ _FRAMING = frozenset({"content-length", "host", "expect"})
 _DROP = HOP_BY_HOP | _FRAMING
 
 
-def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
-    names: set[str] = set()
+def _filter(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The end-to-end headers, in order: one pass, each name lowered once (this runs twice per
+    request); the headers a `Connection` header names are dropped after it."""
+    kept: list[tuple[str, str]] = []
+    named: set[str] | None = None
     for key, value in headers:
-        if key.lower() == "connection":
-            names.update(token.strip().lower() for token in value.split(",") if token.strip())
-    return frozenset(names)
-
-
-def _filter(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
-    items = list(headers)
-    drop = _DROP | _connection_named(items) if any(k.lower() == "connection" for k, _ in items) else _DROP
-    out: CIMultiDict[str] = CIMultiDict()
-    for key, value in items:
-        if key.lower() not in drop:
-            out.add(key, value)
-    return out
+        lower = key.lower()
+        if lower in _DROP:
+            if lower == "connection":
+                if named is None:
+                    named = set()
+                named.update(token.strip().lower() for token in value.split(",") if token.strip())
+            continue
+        kept.append((key, value))
+    if named:
+        kept = [(key, value) for key, value in kept if key.lower() not in named]
+    return kept
 
 
 def request_headers(headers: Iterable[tuple[str, str]], peer: str | None) -> CIMultiDict[str]:
     """Headers to send upstream for a client's request that came from `peer`."""
-    out = _filter(headers)
+    out = CIMultiDict(_filter(headers))
     if peer:
         prior = ", ".join(out.getall("X-Forwarded-For", ()))
         out.popall("X-Forwarded-For", None)
@@ -60,4 +61,4 @@ def request_headers(headers: Iterable[tuple[str, str]], peer: str | None) -> CIM
 
 def response_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
     """Headers to send the client for the upstream's response."""
-    return _filter(headers)
+    return CIMultiDict(_filter(headers))
