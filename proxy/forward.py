@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
-from opentelemetry.trace import INVALID_SPAN, Span
 
 from proxy.accounting.attribution import Attributor
 from proxy.accounting.prices import Cost, PriceTable, cost_of
@@ -45,7 +44,7 @@ from proxy.sinks import Named, Sinks
 from proxy.sse import SSEDecoder
 from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
 from proxy.telemetry.metrics import Recorder
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import NOT_TRACED, RootSpan, Telemetry
 from proxy.timing import PhaseClock
 from proxy.upstream import UpstreamPool, UpstreamResponse
 
@@ -263,7 +262,7 @@ class _Exchange:
         path: str,
         info: RequestInfo,
         phase: PhaseClock,
-        span: Span,
+        span: RootSpan,
         client_headers: Mapping[str, str],
         route: Route,
         dialect: Dialect | None = None,
@@ -477,7 +476,7 @@ class Forwarder:
             span = self.telemetry.start(info, request.method, path, query, request.headers, t0, up.route)
         except Exception:  # telemetry must never break a request
             log.exception("could not start the request span")
-            span = INVALID_SPAN
+            span = NOT_TRACED
         x = _Exchange(request.method, path, info, PhaseClock(t0), span, request.headers, up.route, dialect)
         if self.mirror is not None:
             self._offer_mirror(x, request, target, body)
@@ -584,7 +583,7 @@ class Forwarder:
             span = self.telemetry.start(info, primary.method, path, query, {}, t0, to.route, links=(link,))
         except Exception:  # telemetry must never break a request
             log.exception("could not start the mirror's span")
-            span = INVALID_SPAN
+            span = NOT_TRACED
         x = _Exchange(primary.method, path, info, PhaseClock(t0), span, {}, to.route, primary.dialect)
         x.pair_id, x.mirror = primary.pair_id, True
         try:

@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 
 from aiohttp import web
-from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, label_name
@@ -40,7 +39,8 @@ from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics, ModelLabels
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
-from proxy.telemetry.spans import Telemetry, build_tracer_provider, shutdown_tracer_provider
+from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.tracing import Tracing, build_tracing, shutdown_tracing
 from proxy.ui import LiveView
 from proxy.ui.live import Active
 
@@ -67,7 +67,7 @@ def metrics_for(settings: Settings, accounting: Accounting, registry: CollectorR
 
 
 def telemetry_for(
-    settings: Settings, provider: trace.TracerProvider, *, ship: bool = False, env: Mapping[str, str] | None = None
+    settings: Settings, tracing: Tracing, *, ship: bool = False, env: Mapping[str, str] | None = None
 ) -> Telemetry:
     """The spans these settings ask for: started and finished in one process, started only
     (`ship`: a worker), or, in a group's supervisor, finished from what workers ship (`replay`).
@@ -75,7 +75,7 @@ def telemetry_for(
     upstream = upstream_url(settings.upstream)
     slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
     return Telemetry(
-        provider,
+        tracing,
         upstream_host=upstream.host or "",
         upstream_port=upstream.port or 0,
         upstream_base=str(upstream).rstrip("/"),
@@ -118,20 +118,20 @@ class Reporting:
         *,
         on_record: Callable[[RequestRecord], None] | None = None,
         registry: CollectorRegistry | None = None,
-        tracer_provider: trace.TracerProvider | None = None,
         meter_provider: MetricPipeline | None = None,
+        tracing: Tracing | None = None,
         env: Mapping[str, str] = os.environ,
     ) -> None:
-        """`tracer_provider` / `meter_provider`: where spans and OTLP metrics go; by default
+        """`tracing` / `meter_provider`: where spans and OTLP metrics go; by default
         built from `env`'s `OTEL_*` (OTLP metrics: none unless `OTEL_METRICS_EXPORTER` asks)."""
         self.settings = settings
         self.registry = CollectorRegistry() if registry is None else registry
         self.metrics = metrics_for(settings, accounting, self.registry)
-        self._own_provider = tracer_provider is None
-        self.provider = build_tracer_provider(env) if tracer_provider is None else tracer_provider
+        self._own_tracing = tracing is None
+        self.tracing = build_tracing(env, on_drop=self.metrics.span_dropped) if tracing is None else tracing
         self._own_meters = meter_provider is None
         self.meters = build_meter_provider(env) if meter_provider is None else meter_provider
-        self.telemetry = telemetry_for(settings, self.provider, env=env)
+        self.telemetry = telemetry_for(settings, self.tracing, env=env)
         self._env = env
         # Named: a sink that fails is counted under its name in taotrace_sink_errors_total{sink}.
         observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]
@@ -168,7 +168,7 @@ class Reporting:
         self._runner = GuardedAppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
-        exporting = self._own_provider or self._own_meters
+        exporting = self._own_tracing or self._own_meters
         await self._exit.enter_async_context(collector_warnings(self._env if exporting else {}, log))
         for sock in socks:
             await web.SockSite(self._runner, sock).start()
@@ -187,8 +187,8 @@ class Reporting:
             flushes = []  # both exports at once: exit stays within drain_seconds + ~2 s
             if self._own_meters and self.meters is not None:
                 flushes.append(asyncio.to_thread(shutdown_meter_provider, self.meters, wait))
-            if self._own_provider:
-                flushes.append(asyncio.to_thread(shutdown_tracer_provider, self.provider, wait))
+            if self._own_tracing:
+                flushes.append(asyncio.to_thread(shutdown_tracing, self.tracing, wait))
             await asyncio.gather(*flushes)
         finally:
             await self._exit.aclose()

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
@@ -39,6 +38,7 @@ from proxy.settings import Settings
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.otlp_env import span_destination
+from proxy.telemetry.tracing import Tracing
 from proxy.ui import LiveView
 from proxy.workers.supervisor import supervising
 
@@ -65,7 +65,7 @@ async def running(
     settings: Settings,
     *,
     on_record: Callable[[RequestRecord], None] | None = None,
-    tracer_provider: trace.TracerProvider | None = None,
+    tracing: Tracing | None = None,
     registry: CollectorRegistry | None = None,
     meter_provider: MetricPipeline | None = None,
     stop_now: asyncio.Event | None = None,
@@ -89,7 +89,7 @@ async def running(
         )
         accounting = accounting_from(settings) if accounting is None else accounting
         reporting = Reporting(
-            settings, accounting, on_record=on_record, registry=registry, tracer_provider=tracer_provider,
+            settings, accounting, on_record=on_record, registry=registry, tracing=tracing,
             meter_provider=meter_provider,
         )  # fmt: skip
         state = ServerState()

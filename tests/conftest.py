@@ -15,14 +15,13 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
 from proxy.record import RequestRecord
 from proxy.serve import running
 from proxy.settings import Settings
+from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
+from proxy.telemetry.tracing import Tracing
 from tests import tiers
 from tests.fakes import FakeUpstream, Handler, json_handler
 from tests.forwardproxy import ForwardProxyServer
@@ -90,10 +89,8 @@ def exporter() -> InMemorySpanExporter:
 
 
 @pytest.fixture
-def tracer_provider(exporter: InMemorySpanExporter) -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider
+def tracing(exporter: InMemorySpanExporter) -> Tracing:
+    return Tracing(processor=SimpleSpanProcessor(exporter))
 
 
 @pytest.fixture
@@ -168,7 +165,7 @@ def proxy_workers(request: pytest.FixtureRequest) -> int | str:
 @pytest.fixture
 def start_proxy(
     upstream: FakeUpstream,
-    tracer_provider: TracerProvider,
+    tracing: Tracing,
     registry: CollectorRegistry,
     exporter: InMemorySpanExporter,
     proxy_workers: int | str,
@@ -189,14 +186,10 @@ def start_proxy(
         if settings.workers > 1 or settings.telemetry_process:
             from proxy.workers.supervisor import supervising
 
-            async with supervising(
-                settings, on_record=records.append, registry=registry, tracer_provider=tracer_provider
-            ) as group:
+            async with supervising(settings, on_record=records.append, registry=registry, tracing=tracing) as group:
                 yield Proxied(group, upstream, records, exporter)
             return
-        async with running(
-            settings, on_record=records.append, tracer_provider=tracer_provider, registry=registry
-        ) as srv:
+        async with running(settings, on_record=records.append, tracing=tracing, registry=registry) as srv:
             yield Proxied(srv, upstream, records, exporter)
 
     return factory

@@ -8,12 +8,12 @@ import asyncio
 import json
 
 import aiohttp
-from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.record import RequestRecord
 from proxy.serve import running
 from proxy.settings import Settings
+from proxy.telemetry.tracing import Tracing
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
 SERVER_WAIT = 0.2
@@ -25,9 +25,7 @@ async def main() -> None:
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0)
     try:
         async with (
-            running(
-                settings, on_record=records.append, tracer_provider=TracerProvider(), registry=CollectorRegistry()
-            ) as srv,
+            running(settings, on_record=records.append, tracing=Tracing(), registry=CollectorRegistry()) as srv,
             aiohttp.ClientSession() as client,
         ):
             body = {"model": "m", "stream": True}

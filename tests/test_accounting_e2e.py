@@ -9,8 +9,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.attribution import key_id
@@ -19,6 +17,8 @@ from proxy.serve import running
 from proxy.settings import Settings
 from proxy.sim import SimSettings
 from proxy.sim import running as sim_running
+from proxy.telemetry.span_pipeline import InMemorySpanExporter
+from proxy.telemetry.tracing import Tracing
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "prices.example.toml"
 SALT = "e2e-salt-0123456789"
@@ -55,7 +55,7 @@ async def _message(s: aiohttp.ClientSession, url: str, key: str, user: str) -> i
 
 @pytest.mark.timeout(120)
 async def test_three_users_two_keys_prices_and_a_rate_limited_key(
-    tracer_provider: TracerProvider, exporter: InMemorySpanExporter
+    tracing: Tracing, exporter: InMemorySpanExporter
 ) -> None:
     sim_settings = SimSettings(port=0, time_scale=0.05, tokenizer="estimate", rate_limit_requests=4)
     registry = CollectorRegistry()
@@ -66,7 +66,7 @@ async def test_three_users_two_keys_prices_and_a_rate_limited_key(
             prices=str(EXAMPLE), attribute_body_user=True, key_salt=SALT,
         )  # fmt: skip
         async with (
-            running(settings, on_record=records.append, tracer_provider=tracer_provider, registry=registry) as p,
+            running(settings, on_record=records.append, tracing=tracing, registry=registry) as p,
             aiohttp.ClientSession() as s,
         ):
             statuses = [

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
 import proxy.dialects
@@ -26,6 +24,8 @@ from proxy.dialects import API_OTHER, DIALECTS, Dialect, Dialects
 from proxy.record import RequestRecord
 from proxy.serve import Running, running
 from proxy.settings import Settings
+from proxy.telemetry.span_pipeline import InMemorySpanExporter
+from proxy.telemetry.tracing import Tracing
 from tests.fakes import FakeUpstream, chat_chunk, json_handler, named, sse, stream_handler
 from tests.toy_dialect import TOY
 
@@ -49,25 +49,25 @@ async def proxy_with(
     dialects: Dialects,
     upstream: FakeUpstream,
     records: list[RequestRecord],
-    tracer_provider: TracerProvider,
+    tracing: Tracing,
     registry: CollectorRegistry,
 ) -> AsyncIterator[Running]:
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0)
     async with running(
-        settings, on_record=records.append, tracer_provider=tracer_provider, registry=registry, dialects=dialects
+        settings, on_record=records.append, tracing=tracing, registry=registry, dialects=dialects
     ) as srv:
         yield srv
 
 
 async def test_a_dialect_handed_to_the_registry_labels_times_and_counts_its_requests(
     upstream: FakeUpstream,
-    tracer_provider: TracerProvider,
+    tracing: Tracing,
     registry: CollectorRegistry,
     exporter: InMemorySpanExporter,
     client: aiohttp.ClientSession,
 ) -> None:
     records: list[RequestRecord] = []
-    async with proxy_with(Dialects([*DIALECTS, TOY]), upstream, records, tracer_provider, registry) as srv:
+    async with proxy_with(Dialects([*DIALECTS, TOY]), upstream, records, tracing, registry) as srv:
         upstream.handler = stream_handler(TOY_STREAM, gap=0.01)
         body = {"model": "toy-1", "stream": True, "temperature": 0.5, "length": 64, "prompt": "tell me"}
         async with client.post(srv.proxy_url + "/v1/toy/generate", json=body) as r:
@@ -113,12 +113,12 @@ async def test_a_dialect_handed_to_the_registry_labels_times_and_counts_its_requ
 
 async def test_the_registry_given_is_the_only_one_read(
     upstream: FakeUpstream,
-    tracer_provider: TracerProvider,
+    tracing: Tracing,
     registry: CollectorRegistry,
     client: aiohttp.ClientSession,
 ) -> None:
     records: list[RequestRecord] = []
-    async with proxy_with(Dialects([TOY]), upstream, records, tracer_provider, registry) as srv:
+    async with proxy_with(Dialects([TOY]), upstream, records, tracing, registry) as srv:
         upstream.handler = stream_handler(sse(chat_chunk("hi")))
         async with client.post(srv.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
             await r.read()

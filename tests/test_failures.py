@@ -142,19 +142,19 @@ async def test_client_disconnect_cancels_the_upstream(when: str, proxy: Proxied)
 async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSession, strict: bool) -> None:
     from proxy.serve import running
     from proxy.settings import Settings
-    from proxy.telemetry.spans import build_tracer_provider, shutdown_tracer_provider
+    from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 
     upstream.handler = stream_handler(chat_stream(5))
-    provider = build_tracer_provider(
+    provider = build_tracing(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_BSP_SCHEDULE_DELAY": "50"}
     )
-    async with running(Settings(upstream=upstream.url, port=0, metrics_port=0), tracer_provider=provider) as srv:
+    async with running(Settings(upstream=upstream.url, port=0, metrics_port=0), tracing=provider) as srv:
         for _ in range(20):
             async with client.post(srv.proxy_url + "/v1/chat/completions", json={"model": "m", "stream": True}) as r:
                 assert r.status == 200
                 await r.read()
     started = time.monotonic()
-    shutdown_tracer_provider(provider, timeout=2.0)
+    shutdown_tracing(provider, timeout=2.0)
     fired_on_time(time.monotonic() - started, 2.0, strict=strict, early=2.0, late=0.5)  # not the SDK's 30 s
 
 

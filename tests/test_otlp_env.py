@@ -25,7 +25,7 @@ def test_the_resource_follows_the_sdks_variables() -> None:
     """OTEL_RESOURCE_ATTRIBUTES (how a viewer's project or a deployment is named) reaches spans and
     metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one."""
     from proxy.telemetry.genai_metrics import build_meter_provider
-    from proxy.telemetry.spans import build_tracer_provider
+    from proxy.telemetry.tracing import build_tracing
 
     grouped = {"OTEL_RESOURCE_ATTRIBUTES": "openinference.project.name=llm%20proxy, service.name=from-attrs"}
     for env, service in (
@@ -36,7 +36,7 @@ def test_the_resource_follows_the_sdks_variables() -> None:
         meters = build_meter_provider({**env, "OTEL_METRICS_EXPORTER": "console"})
         assert meters is not None
         for attrs in (
-            build_tracer_provider(env, export=False).resource.attributes,
+            build_tracing(env, export=False).resource.attributes,
             meters.resource,
         ):
             assert attrs["service.name"] == service

@@ -8,14 +8,14 @@ import aiohttp
 
 from proxy.serve import running
 from proxy.settings import Settings
-from proxy.telemetry.spans import build_tracer_provider, shutdown_tracer_provider
+from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
 
 
 async def test_phase_spans_arrive_over_otlp_http(upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
     sink = await OTLPSink().start()
     upstream.handler = stream_handler(chat_stream(5), first_delay=0.05, gap=0.01)
-    provider = build_tracer_provider(
+    provider = build_tracing(
         {
             "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -23,12 +23,12 @@ async def test_phase_spans_arrive_over_otlp_http(upstream: FakeUpstream, client:
         }
     )
     try:
-        async with running(Settings(upstream=upstream.url, port=0, metrics_port=0), tracer_provider=provider) as srv:
+        async with running(Settings(upstream=upstream.url, port=0, metrics_port=0), tracing=provider) as srv:
             async with client.post(
                 srv.proxy_url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}
             ) as r:
                 await r.read()
-        await asyncio.to_thread(shutdown_tracer_provider, provider, 5.0)
+        await asyncio.to_thread(shutdown_tracing, provider, 5.0)
         spans = sink.spans()
         names = sorted(s.name for s in spans)  # type: ignore[attr-defined]
         assert names == ["chat gpt-4o-mini", "decode", "network", "prefill_wait"]
@@ -41,11 +41,6 @@ async def test_phase_spans_arrive_over_otlp_http(upstream: FakeUpstream, client:
 
 
 def test_no_endpoint_means_no_exporter() -> None:
-    provider = build_tracer_provider({})
-    assert provider._active_span_processor._span_processors == ()  # nothing would leave the process
-    assert (
-        build_tracer_provider(
-            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}
-        )._active_span_processor._span_processors
-        == ()
-    )
+    assert build_tracing({}).processor is None  # nothing would leave the process
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}
+    assert build_tracing(env).processor is None

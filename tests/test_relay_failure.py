@@ -20,9 +20,6 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
@@ -30,7 +27,9 @@ from proxy.forward import Forwarder, Upstream
 from proxy.record import RequestRecord
 from proxy.routes import Router, routes_for
 from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.tracing import Tracing
 from proxy.upstream import UpstreamPool
 from tests.fakes import FakeUpstream, chat_stream, sse
 
@@ -63,8 +62,7 @@ async def forwarding(upstream: FakeUpstream, clock: Callable[[], float]) -> Asyn
     (route,) = routes_for(upstream.url, ())
     pool = UpstreamPool(URL(upstream.url), connect_timeout=5, read_timeout=30, keepalive=4)
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider = Tracing(processor=SimpleSpanProcessor(exporter))
     telemetry = Telemetry(
         provider, upstream_host=route.host, upstream_port=route.port, upstream_base=str(route.url).rstrip("/")
     )

@@ -25,7 +25,7 @@ from proxy.serve import running
 from proxy.settings import Settings
 from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.semconv import ENV, SCHEMA_URL_LATEST, SCHEMA_URL_RELEASED, Conventions
-from proxy.telemetry.spans import build_tracer_provider, shutdown_tracer_provider
+from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_chunk, chat_stream, json_handler, sse, stream_handler, usage_chunk
 
 DATA = Path(__file__).parent / "data" / "semconv"
@@ -125,21 +125,19 @@ async def proxied(upstream: FakeUpstream, sink: OTLPSink, mode: str, **settings:
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         ENV: os.environ.get(ENV, ""),
     }
-    tracer, meters = build_tracer_provider(env), build_meter_provider(env)
+    tracer, meters = build_tracing(env), build_meter_provider(env)
     assert meters is not None
     config = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0, **settings)
     if mode == "one":
-        async with running(config, tracer_provider=tracer, meter_provider=meters) as srv:
+        async with running(config, tracing=tracer, meter_provider=meters) as srv:
             yield srv.proxy_url
     else:
         from proxy.workers.supervisor import supervising
 
         config = config.model_copy(update={"telemetry_process": True})
-        async with supervising(
-            config, env={**os.environ, **env}, tracer_provider=tracer, meter_provider=meters
-        ) as group:
+        async with supervising(config, env={**os.environ, **env}, tracing=tracer, meter_provider=meters) as group:
             yield group.proxy_url
-    assert await asyncio.to_thread(shutdown_tracer_provider, tracer, 10.0)
+    assert await asyncio.to_thread(shutdown_tracing, tracer, 10.0)
     assert await asyncio.to_thread(shutdown_meter_provider, meters, 10.0)
 
 

@@ -22,12 +22,13 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 
+from proxy.telemetry.batch_processor import BatchSpanProcessor
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.otlp_env import export_settings
 from proxy.telemetry.otlp_transport import retry_after_seconds
 from proxy.telemetry.span_exporter import OtlpSpanExporter, backoff
 from proxy.telemetry.spandata import Resource, Scope, SpanData
-from proxy.telemetry.spans import build_tracer_provider
+from proxy.telemetry.tracing import build_tracing
 from tests.test_telemetry_otlp import readable
 
 RESOURCE = Resource({"service.name": "taotrace"})
@@ -100,15 +101,16 @@ def closed_port() -> int:
 
 
 def test_the_provider_exports_through_ours_and_the_bytes_decode_to_the_sdk_encoders(collector: Collector) -> None:
-    provider = build_tracer_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url})
-    (processor,) = provider._active_span_processor._span_processors
-    ours = processor.span_exporter  # type: ignore[attr-defined]  # the batch processor's
+    provider = build_tracing({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url})
+    processor = provider.processor
+    assert isinstance(processor, BatchSpanProcessor)
+    ours = processor.exporter
     assert type(ours) is OtlpSpanExporter
     assert ours.export(SPANS) is True
     headers, body = collector.got[0]
     assert ExportTraceServiceRequest.FromString(body) == EXPECTED
     assert headers["content-type"] == "application/x-protobuf"
-    provider.shutdown()
+    assert processor.shutdown(5.0)
     assert ours.export(SPANS) is False  # after shutdown, as the SDK's
 
 

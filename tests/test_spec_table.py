@@ -2,7 +2,7 @@
 an OTLP metric can carry, and the conventions it comes from (or `ours`).
 
 The names come from the telemetry builders themselves: the maximal request of
-tests/test_sdk_internals.py for each dialect (every root attribute, and the phase children), and
+tests/maximal.py for each dialect (every root attribute, and the phase children), and
 the GenAI metrics recording finished requests with both convention sets on. A name the code adds
 or drops fails this test until the table is regenerated:
 
@@ -22,7 +22,7 @@ from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import ModelLabels
 from proxy.telemetry.semconv import Conventions
 from tests.fakes import record_for
-from tests.test_sdk_internals import maximal_infos, maximal_spans
+from tests.maximal import maximal_infos, maximal_spans
 from tests.test_semconv import LATEST, NAMESPACES, RELEASED
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "otlp-metrics.md"

@@ -22,7 +22,7 @@ def test_a_server_fixture_or_a_listed_module_or_test_makes_a_test_e2e() -> None:
     listed = "tests/test_sim.py::test_the_sdks_work_against_the_sim"
     assert tiers.is_e2e(listed, []) and tiers.is_e2e(listed + "[param]", [])
     assert not tiers.is_e2e("tests/test_sim.py::test_the_sdks_work_against_the_simulator", [])
-    assert not tiers.is_e2e("tests/test_sse.py::test_x", ["registry", "exporter", "tracer_provider", "client"])
+    assert not tiers.is_e2e("tests/test_sse.py::test_x", ["registry", "exporter", "tracing", "client"])
     assert tiers.whole_module_e2e("tests/test_readme.py")
     assert not tiers.whole_module_e2e("tests/test_sim.py")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -106,6 +107,7 @@ class BatchSpanProcessor:
         # kept for the spec's variable and shown to whoever builds the exporter.
         self.export_timeout = export_timeout
         self._on_drop = on_drop
+        self._next_full_warning = 0.0
         self._stopping = False
         self._start()
         # A forked child has the queue but not the thread: give it its own (the SDK does the same).
@@ -151,6 +153,10 @@ class BatchSpanProcessor:
         waiting = len(queue)
         if waiting >= self.max_queue_size:
             self._drop("queue_full", 1)
+            now = time.monotonic()
+            if now >= self._next_full_warning:  # one record a second at most: the loop is busy enough
+                self._next_full_warning = now + 1.0
+                _logger.warning("Queue full: spans are dropped")  # collector_log makes it our line
             return
         if self._stopping:
             return

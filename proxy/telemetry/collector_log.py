@@ -1,10 +1,8 @@
 """A failing collector as one line of ours, instead of the exporters' own warnings.
 
-With the OTLP collector down, the SDK and its exporters log on every attempt (HTTP "Transient
-error HTTPConnectionPool(...) encountered while exporting spans batch, retrying in 0.82s",
-"Failed to export spans batch ...", gRPC "Failed to export traces to ..."), the batch processor
-logs a line for every span it drops once its queue is full, and urllib3 its "Retrying (...)"
-lines. `CollectorLog` is a `logging.Filter` on those loggers (`LOGGERS`): their records about
+With the OTLP collector down, the exporters log each export given up ("Failed to export spans
+to ..."), and the batch processor that its queue is full ("Queue full", at most once a second).
+`CollectorLog` is a `logging.Filter` on those loggers (`LOGGERS`): their records about
 exporting are kept from every handler and reported as rate-limited lines of ours
 (`proxy.logs.ratelimited`) naming the endpoint by its origin (never userinfo, path or query: an
 endpoint URL may carry a key) and a cause:
@@ -18,8 +16,8 @@ classify it: the text itself is never printed), then from an HTTP or gRPC status
 carries none ("... due to timeout, max retries or shutdown") takes the signal's last cause.
 Other records pass untouched (configuration warnings, say).
 
-Logger names are module names of the SDK and exporter releases in `sdk_internals.VERIFIED`;
-tests/test_collector_log.py checks each is still a module logging under that name.
+Logger names are the exporting modules' own; tests/test_collector_log.py checks each is a
+module logging under that name.
 """
 
 from __future__ import annotations
@@ -41,11 +39,8 @@ __all__ = ["LOGGERS", "CollectorLog", "collector_warnings", "record_cause"]
 LOGGERS: dict[str, str | None] = {
     "proxy.telemetry.span_exporter": "traces",  # ours: a batch it cannot encode
     "proxy.telemetry.otlp_delivery": None,  # ours: one record per export given up; "spans"/"metrics" in args
-    "opentelemetry.exporter.otlp.common.http": None,  # the HTTP client, when given no logger
-    "opentelemetry.exporter.otlp.proto.grpc.exporter": None,  # both signals; "traces"/"metrics" in args
-    "opentelemetry.sdk._shared_internal": "traces",  # the batch processor: export exceptions, queue full
-    "opentelemetry.sdk.trace.export": "traces",  # the simple processor's export exceptions
-    "urllib3.connectionpool": None,  # "Retrying (...)": only the exporters use urllib3 in the proxy
+    "proxy.telemetry.batch_processor": "traces",  # ours: queue full, an export that raised
+    "proxy.telemetry.span_pipeline": "traces",  # ours: the simple processor's export failures
 }
 _SIGNAL_WORDS = {"traces": "traces", "spans": "traces", "span": "traces", "metrics": "metrics"}
 _PHRASES = {s.phrase.lower(): f"HTTP {s.value} {s.phrase}" for s in http.HTTPStatus}

@@ -7,11 +7,11 @@ below 1, a trace is kept when, in this order:
     error           the request ended with an error type (`keep_errors`)
     slow_ttft       its first token came later than the TTFT threshold
     slow_duration   it lasted longer than the duration threshold
-    ratio           its trace id falls in the ratio, exactly as `TraceIdRatioBased` decides
+    ratio           its trace id falls in the ratio, exactly as the `traceidratio` sampler decides
                     (lower 64 bits below ratio * 2^64), so a collector or another replica with
                     the same ratio keeps the same traces
 
-A client that sent `sampled=0` never gets here: the SDK's default parent-based sampler does not
+A client that sent `sampled=0` never gets here: the default parent-based sampler does not
 record the request's spans at all.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+from proxy.telemetry.sampler import TRACE_ID_LIMIT, ratio_bound
 
 __all__ = ["OutcomeSampling"]
 
@@ -37,7 +37,7 @@ class OutcomeSampling:
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError("ratio must be between 0 and 1")
-        object.__setattr__(self, "_bound", TraceIdRatioBased.get_bound_for_rate(self.ratio))
+        object.__setattr__(self, "_bound", ratio_bound(self.ratio))
 
     @property
     def active(self) -> bool:
@@ -55,6 +55,6 @@ class OutcomeSampling:
             return "slow_ttft"
         if self.duration_over is not None and duration > self.duration_over:
             return "slow_duration"
-        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound:
+        if trace_id & TRACE_ID_LIMIT < self._bound:
             return "ratio"
         return None

@@ -14,8 +14,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from opentelemetry.sdk.trace.export import SpanExporter as _SdkSpanExporter
-
 from proxy.telemetry import otlp
 from proxy.telemetry.otlp_delivery import Delivery, backoff
 from proxy.telemetry.otlp_env import ExportSettings
@@ -27,10 +25,7 @@ __all__ = ["OtlpSpanExporter", "backoff"]
 _logger = logging.getLogger(__name__)  # collector_log.LOGGERS lists it
 
 
-# The SDK base class only while spans.py still hands this exporter to the SDK's BatchSpanProcessor
-# (which ignores what export returns and gives it ReadableSpans, read the same way as SpanData):
-# drop the base, the ignore on `export` and `force_flush` when spans.py uses batch_processor.py.
-class OtlpSpanExporter(_SdkSpanExporter):
+class OtlpSpanExporter:
     """OTLP/HTTP protobuf or OTLP/gRPC, as `settings.protocol` says."""
 
     def __init__(
@@ -45,7 +40,7 @@ class OtlpSpanExporter(_SdkSpanExporter):
         self._delivery = Delivery(settings, "traces", transport, monotonic=monotonic, jitter=jitter)
         self.dropped = 0  # spans in batches given up (read by tests and the CHANGELOG's promise)
 
-    def export(self, spans: Sequence[SpanData]) -> bool:  # type: ignore[override]  # see the class
+    def export(self, spans: Sequence[SpanData]) -> bool:
         """Send one batch (retrying as the spec says); True when the collector took it."""
         if self._delivery.stopped:
             return False
@@ -62,6 +57,3 @@ class OtlpSpanExporter(_SdkSpanExporter):
 
     def shutdown(self) -> None:
         self._delivery.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True  # nothing is held here: the batch processor holds the queue

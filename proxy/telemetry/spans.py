@@ -1,31 +1,25 @@
-"""OpenTelemetry: the tracer provider from `OTEL_*` variables, and the spans of one request.
+"""OpenTelemetry spans of one request, built by the proxy itself and exported over OTLP.
 
 A root span (`{operation} {model}`, kind CLIENT) is started when the request head has been
 read, so its context can be injected upstream; the phase children `network`, `prefill_wait`
-and `decode` are created when the request ends, from the frozen timing, with explicit times.
+and `decode` are made when the request ends, from the frozen timing, with explicit times, and
+handed with the root to the span processor as `SpanData` (see `spandata.py`, `tracing.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.baggage import get_all as get_all_baggage
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract, get_global_textmap, inject
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
     Link,
-    Span,
+    NonRecordingSpan,
     SpanContext,
     SpanKind,
     Status,
@@ -33,75 +27,67 @@ from opentelemetry.trace import (
     TraceFlags,
     TraceState,
 )
-from opentelemetry.util import types
+from opentelemetry.util.types import AnyValue
 
 from proxy import __version__
 from proxy.dialects import RequestInfo
 from proxy.record import RequestRecord, Traced
 from proxy.routes import Route
-from proxy.telemetry import sdk_internals
-from proxy.telemetry.otlp_env import export_settings, resource_attributes, traces_exporter
+from proxy.telemetry import propagation
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
-from proxy.telemetry.span_exporter import OtlpSpanExporter
+from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData
+from proxy.telemetry.tracing import SpanLimits, Tracing
 from proxy.timing import RequestTiming, SpanContextValues, SpanStart
 
-__all__ = ["Telemetry", "build_tracer_provider", "shutdown_tracer_provider"]
+__all__ = ["NOT_TRACED", "RootSpan", "Telemetry", "bounded"]
 
 log = logging.getLogger("taotrace")
 
+# (name, start ns, end ns, attributes, error status) of a phase child.
+Phase = tuple[str, int, int, dict[str, AnyValue], Status | None]
 
-def _exporter_from_env(env: Mapping[str, str]) -> SpanExporter | None:
-    """The exporter the standard variables ask for; None when nothing is configured."""
-    kind = traces_exporter(env)
-    if kind == "none":
-        return None
-    if kind == "console":
-        return ConsoleSpanExporter()
-    settings = export_settings(env, "traces")
-    if settings is None:
-        return None
-    # Our own exporter: `otlp.py`'s bytes over HTTP/protobuf or gRPC, with the spec's retries.
-    return OtlpSpanExporter(settings)
+_RANDOM_TRACE_ID = 0x02  # W3C Trace Context level 2: the trace id's right 7 bytes are random
+_SAMPLED = TraceFlags.SAMPLED
+_EMPTY_STATE = TraceState()
 
 
-def build_tracer_provider(env: Mapping[str, str] | None = None, *, export: bool = True) -> TracerProvider:
-    """A provider honouring the SDK's own variables (service name, sampler, BSP limits, OTLP).
+class RootSpan:
+    """The request's root span while the request runs; the event loop's alone, so no lock.
 
-    `export=False`: ids and sampling only, no exporter (a serving process whose spans the
-    telemetry process builds and exports)."""
-    env = os.environ if env is None else env
-    resource = Resource.create(resource_attributes(env, __version__))
-    provider = TracerProvider(resource=resource)
-    exporter = _exporter_from_env(env) if export else None
-    if exporter is not None:
-        # The batch processor drops spans when its queue is full instead of blocking: requests first.
-        limits: dict[str, Any] = {
-            arg: int(env[var])
-            for var, arg in (
-                ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size"),
-                ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_millis"),
-                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size"),
-                ("OTEL_BSP_EXPORT_TIMEOUT", "export_timeout_millis"),
-            )
-            if env.get(var, "").isdigit()
-        }
-        provider.add_span_processor(BatchSpanProcessor(exporter, **limits))
-    return provider
+    `recording` is False when the head sampler did not sample it (or it is `NOT_TRACED`): its
+    context still goes upstream, but nothing is gathered or exported.
+    """
+
+    __slots__ = ("name", "context", "parent", "attributes", "start_time", "links", "recording")
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, AnyValue],
+        start_time: int,
+        links: tuple[Link, ...] = (),
+        recording: bool = True,
+    ) -> None:
+        self.name = name
+        self.context = context
+        self.parent = parent
+        self.attributes = attributes
+        self.start_time = start_time
+        self.links = links
+        self.recording = recording
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.recording
 
 
-def shutdown_tracer_provider(provider: object, timeout: float = 3.0) -> bool:
-    """Flush and stop, but never wait more than `timeout` for a dead collector."""
-    shutdown = getattr(provider, "shutdown", None)
-    if shutdown is None:
-        return True
-    worker = threading.Thread(target=shutdown, name="otel-shutdown", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        log.warning("trace export did not finish within %.1fs; unsent spans dropped", timeout)
-        return False
-    return True
+# A request whose span could not be started: no context upstream, nothing exported.
+NOT_TRACED = RootSpan("", INVALID_SPAN_CONTEXT, None, {}, 0, recording=False)
 
 
 def _redacted_query(query: str) -> str:
@@ -110,7 +96,7 @@ def _redacted_query(query: str) -> str:
     return "&".join(f"{name}=REDACTED" for name in names)
 
 
-def _tcp_attributes(attrs: dict[str, types.AnyValue], rec: RequestRecord) -> None:
+def _tcp_attributes(attrs: dict[str, AnyValue], rec: RequestRecord) -> None:
     """The upstream connection's TCP_INFO for this request, and the server-wait estimate."""
     tcp = rec.tcp
     assert tcp is not None
@@ -127,25 +113,48 @@ def _tcp_attributes(attrs: dict[str, types.AnyValue], rec: RequestRecord) -> Non
             attrs[key] = value
 
 
+def _cut(value: AnyValue, length: int) -> AnyValue:
+    if isinstance(value, str):
+        return value[:length]
+    if isinstance(value, tuple | list):
+        return tuple(v[:length] if isinstance(v, str) else v for v in value)
+    return value
+
+
+def bounded(attributes: dict[str, AnyValue], limits: SpanLimits) -> tuple[dict[str, AnyValue], int]:
+    """`attributes` within `limits`, and how many were dropped (only when a limit is configured
+    low enough to bite: by default the proxy's spans carry far fewer than 128 attributes)."""
+    dropped = len(attributes) - limits.count
+    if dropped > 0:
+        attributes = dict(list(attributes.items())[dropped:])  # the latest kept, as the SDK keeps them
+    length = limits.length
+    if length is not None:
+        attributes = {key: _cut(value, length) for key, value in attributes.items()}
+    return attributes, max(dropped, 0)
+
+
 def _context(ids: SpanContextValues) -> SpanContext:
     """A span context from the plain values a `SpanStart` carries."""
     trace_id, span_id, flags, remote, state = ids
     return SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)))
 
 
-class Telemetry:
-    """Starts and ends the spans of each request on a tracer from the given provider.
+def _values(context: SpanContext) -> SpanContextValues:
+    return (
+        context.trace_id,
+        context.span_id,
+        int(context.trace_flags),
+        context.is_remote,
+        tuple(context.trace_state.items()),
+    )
 
-    With the SDK's tracer, its built-in samplers and processors that act on end only (the batch
-    and simple processors), the spans are built directly (`proxy.telemetry.sdk_internals`): the
-    root without a live SDK span, and the three phase children, known only when the request has
-    ended, as finished `ReadableSpan`s, skipping a live span, its lock and attribute validation
-    for each. Otherwise they go through the SDK's public `Tracer.start_span`.
-    """
+
+class Telemetry:
+    """Starts and ends the spans of each request, with the sampler, ids and processor of `tracing`."""
 
     def __init__(
         self,
-        tracer_provider: trace.TracerProvider,
+        tracing: Tracing,
         *,
         upstream_host: str,
         upstream_port: int,
@@ -159,9 +168,10 @@ class Telemetry:
         """`parent`: what a caller's `traceparent` makes of the root (`--parent`): `child` joins the
         caller's trace; `link` starts a new trace whose root links to the caller's span; `none` a
         new trace without a link. With `link` and `none` the caller's trace headers go upstream as
-        they came. `conventions`: the GenAI convention version (the tracer's schema URL)."""
+        they came. `conventions`: the GenAI convention version (the scope's schema URL)."""
         conventions = conventions or Conventions()
-        self.tracer = tracer_provider.get_tracer("taotrace", __version__, schema_url=conventions.schema_url)
+        self.tracing = tracing
+        self.scope = Scope("taotrace", __version__, conventions.schema_url or None)
         self.parent = parent
         # Ship: this process only starts spans (ids, sampling, context upstream); each finished
         # request carries its root's start (`span_start`) to the telemetry process, which
@@ -176,14 +186,11 @@ class Telemetry:
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
         self._textmap: object = None  # the global propagator last classified
         self._w3c = False
-        tracer = self.tracer
-        # Which spans may be built directly (see proxy.telemetry.sdk_internals): only on the SDK's tracer.
-        self._sdk: SdkTracer | None = tracer if isinstance(tracer, SdkTracer) else None
-        self._direct_ok, self._root_ok = sdk_internals.fast_paths(tracer)
-        self._processors_seen: object = None
-        self._sampler_seen: object = None
-        self._follows = False  # the tracer's sampler samples the children of a sampled root
-        self._direct = False  # children may be handed to the processors directly
+
+    @property
+    def exporting(self) -> bool:
+        """Whether finished spans go anywhere from this process."""
+        return self.tracing.processor is not None
 
     def _ns(self, t: float) -> int:
         return int(t * 1e9) + self._offset_ns
@@ -191,9 +198,18 @@ class Telemetry:
     def _w3c_textmap(self) -> bool:
         textmap = get_global_textmap()
         if textmap is not self._textmap:  # set_global_textmap() may replace it at any time
-            self._w3c = sdk_internals.is_w3c_textmap(textmap)
+            self._w3c = propagation.is_w3c(textmap)
             self._textmap = textmap
         return self._w3c
+
+    def _caller(self, carrier: Mapping[str, str]) -> tuple[SpanContext | None, Context | None]:
+        """The caller's span context, and the API context it came in when the configured
+        propagators had to extract it (another format, or baggage a plug-in sampler may read)."""
+        if self._w3c_textmap() and carrier.get("baggage") is None:
+            return propagation.parse(carrier), None
+        context = extract(carrier)
+        caller = trace.get_current_span(context).get_span_context()
+        return (caller if caller.is_valid else None), context
 
     def start(
         self,
@@ -205,7 +221,7 @@ class Telemetry:
         t0: float,
         route: Route | None = None,
         links: Sequence[SpanContext] = (),
-    ) -> Span:
+    ) -> RootSpan:
         """The root span, continuing the client's `traceparent` when it sent one.
 
         `route`: the upstream the request goes to (`server.*` name it, as the conventions ask of a
@@ -219,7 +235,7 @@ class Telemetry:
             base, address, port = self.upstream_base, self.server_address, self.server_port
         else:
             base, address, port = route.base, route.host, route.port
-        attributes: dict[str, types.AnyValue] = {
+        attributes: dict[str, AnyValue] = {
             "http.request.method": method,
             "url.path": path,
             "url.full": base + path + ("?" + _redacted_query(query) if query else ""),
@@ -242,87 +258,71 @@ class Telemetry:
                 attributes["gen_ai.system_instructions"] = info.system_instructions
             if info.input_messages is not None:
                 attributes["gen_ai.input.messages"] = info.input_messages
-        # Most clients send no trace headers; the W3C propagators would then return an empty context.
-        if self._w3c_textmap() and carrier.get("traceparent") is None and carrier.get("baggage") is None:
-            context = sdk_internals.EMPTY_CONTEXT
-        else:
-            context = extract(carrier)
-            if self.parent != "child":  # a trace of our own; `link`: the caller's span as a link
-                caller = trace.get_current_span(context).get_span_context()
-                if self.parent == "link" and caller.is_valid:
-                    links = (*links, caller)
-                context = sdk_internals.EMPTY_CONTEXT
+        # Most clients send no trace headers.
+        parent, context = (None, None) if not carrier else self._caller(carrier)
+        if parent is not None and self.parent != "child":  # a trace of our own; `link`: the caller's as a link
+            if self.parent == "link":
+                links = (*links, parent)
+            parent, context = None, None
         linked = tuple(Link(c) for c in links if c.is_valid) if links else ()
-        sdk = self._sdk
-        if self._root_ok and sdk is not None:
-            self._processors()
-            if self._direct and self._sampler_follows(sdk):
-                return sdk_internals.direct_root(sdk, name, context, attributes, self._ns(t0), linked)
-        return self.tracer.start_span(
-            name,
-            context=context,
-            kind=SpanKind.CLIENT,
-            attributes=attributes,
-            start_time=self._ns(t0),
-            links=linked or None,
-        )
+        tracing = self.tracing
+        ids = tracing.ids
+        if parent is None:
+            trace_id = ids.generate_trace_id()
+            random_id = getattr(ids, "random_trace_id", False)
+        else:
+            trace_id = parent.trace_id
+            random_id = bool(parent.trace_flags & _RANDOM_TRACE_ID)
+        result = tracing.sampler.should_sample(parent, trace_id, name, SpanKind.CLIENT, attributes, linked, context)
+        flags = (_SAMPLED if result.sampled else 0) | (_RANDOM_TRACE_ID if random_id else 0)
+        state = result.trace_state
+        if state is None:
+            state = _EMPTY_STATE if parent is None else parent.trace_state
+        span_context = SpanContext(trace_id, ids.generate_span_id(), False, TraceFlags(flags), state)
+        if result.attributes:
+            attributes.update(result.attributes)
+        return RootSpan(name, span_context, parent, attributes, self._ns(t0), linked, result.sampled)
 
-    def _sampler_follows(self, tracer: SdkTracer) -> bool:
-        sampler = tracer.sampler
-        if sampler is not self._sampler_seen:
-            self._sampler_seen = sampler
-            self._follows = sdk_internals.children_follow_root(sampler)
-        return self._follows
-
-    def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
+    def inject(self, span: RootSpan, headers: MutableMapping[str, str]) -> None:
         """Put our span's context in the upstream headers, replacing the client's `traceparent`
         (`--parent link` and `none`: the client's, when it sent one, goes upstream unchanged)."""
         if self.parent != "child" and "traceparent" in headers:
             return
         try:
+            ctx = span.context
+            if not ctx.is_valid:
+                return
             if self._w3c_textmap() and not get_all_baggage():
-                # What TraceContextTextMapPropagator.inject writes; with no baggage in the current
-                # context the baggage propagator writes nothing.
-                ctx = span.get_span_context()
-                if ctx == INVALID_SPAN_CONTEXT:
-                    return
-                headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+                # What the W3C propagators write. The baggage the client sent is in `headers`
+                # already, forwarded as it came; baggage of the current context (an app embedding
+                # the proxy) is the propagators' to add.
+                headers["traceparent"] = propagation.format_traceparent(ctx)
                 if ctx.trace_state:
                     headers["tracestate"] = ctx.trace_state.to_header()
             else:
-                inject(headers, context=trace.set_span_in_context(span))
+                inject(headers, context=trace.set_span_in_context(NonRecordingSpan(ctx)))
         except Exception:  # telemetry must never break a request
             log.exception("could not inject the trace context upstream")
 
     @staticmethod
-    def trace_id(span: Span) -> str | None:
-        ctx = span.get_span_context()
+    def trace_id(span: RootSpan) -> str | None:
+        ctx = span.context
         return format(ctx.trace_id, "032x") if ctx.is_valid and ctx.trace_flags.sampled else None
 
-    def _processors(self) -> tuple[object, ...] | None:
-        """The provider's processors, or None when they cannot be inspected."""
-        processors = sdk_internals.span_processors(self.tracer)
-        if processors is not self._processors_seen:  # add_span_processor() replaces the tuple
-            self._processors_seen = processors
-            self._direct = (
-                self._direct_ok and processors is not None and all(sdk_internals.end_only(p) for p in processors)
-            )
-        return processors
-
-    def decide(self, span: Span, error_type: str, timing: RequestTiming) -> str:
+    def decide(self, span: RootSpan, error_type: str, timing: RequestTiming) -> str:
         """Outcome sampling of a finished request: "" (no decision: the trace stays as it began),
         the reason it is kept, or "dropped"."""
         policy = self.sampling
-        if policy is None or not policy.active or not span.is_recording():
+        if policy is None or not policy.active or not span.recording:
             return ""
-        ctx = span.get_span_context()
+        ctx = span.context
         if not ctx.trace_flags.sampled:
             return ""
-        parent = getattr(span, "parent", None)  # the SDK's span and a directly built root both have it
+        parent = span.parent
         parent_sampled = parent is not None and parent.is_remote and parent.trace_flags.sampled
         return policy.reason(ctx.trace_id, parent_sampled, error_type, timing.ttft, timing.duration) or "dropped"
 
-    def conclude(self, span: Span, error_type: str, timing: RequestTiming, output_text: str | None) -> Traced:
+    def conclude(self, span: RootSpan, error_type: str, timing: RequestTiming, output_text: str | None) -> Traced:
         """Everything a finished request's record needs from telemetry, asked once: its trace id
         (None when not traced or dropped), the outcome sampling decision, and in ship mode the
         root's start."""
@@ -333,33 +333,28 @@ class Telemetry:
             span=self.span_start(span, sampling, output_text) if self.ship else None,
         )
 
-    def finish(self, span: Span, rec: RequestRecord, output_text: str | None = None, offset: int | None = None) -> None:
-        """Attributes from the record, the three phase children, then end the root span.
+    def finish(
+        self,
+        span: RootSpan,
+        rec: RequestRecord,
+        output_text: str | None = None,
+        offset: int | None = None,
+        resource: Resource | None = None,
+    ) -> None:
+        """Attributes from the record, then the three phase children and the root, to the processor.
 
-        `offset`: epoch ns minus monotonic ns of the process that timed the request (default: this one's)."""
+        `offset`: epoch ns minus monotonic ns of the process that timed the request (default: this
+        one's); `resource`: the process that served it (default: this one's)."""
+        processor = self.tracing.processor
+        # Ship mode: the telemetry process finishes it from rec.span. Outcome sampling "dropped":
+        # nothing at all is made.
+        if processor is None or self.ship or not span.recording or rec.sampling == "dropped":
+            return
         t = rec.timing
         offset = self._offset_ns if offset is None else offset
-        end = int(t.end * 1e9) + offset
-        if self.ship:  # the telemetry process finishes it from rec.span
-            if type(span) is sdk_internals.Root:
-                span.drop()
-            else:
-                span.end(end_time=end)  # no processor here: nothing is exported
-            return
-        if not span.is_recording():
-            span.end(end_time=end)
-            return
-        if rec.sampling == "dropped":
-            # Nothing is handed to the processors: the root is never ended (the end-only batch and
-            # simple processors then never see it) and the phase children are never made.
-            if type(span) is sdk_internals.Root:
-                span.drop()
-            return
-        if self._processors() == () and self._direct:  # no exporter configured: nothing can leave
-            span.end(end_time=end)
-            return
+        status = UNSET
         u = rec.usage
-        attrs: dict[str, types.AnyValue] = {
+        attrs: dict[str, AnyValue] = {
             "http.response.status_code": rec.status_code,
             "taotrace.duration": t.duration,
         }
@@ -405,83 +400,119 @@ class Telemetry:
             attrs["gen_ai.output.messages"] = output_text
         if rec.error_type:
             attrs["error.type"] = rec.error_type
-            span.set_status(Status(StatusCode.ERROR, rec.error_type))
-        if type(span) is sdk_internals.Root:
-            span.attributes.update(attrs)
-        else:
-            span.set_attributes(attrs)
-        phases = self._phases(rec, offset)
-        sdk = self._sdk
-        if self._direct and sdk is not None:
-            follows = self._sampler_follows(sdk) and span.get_span_context().trace_flags.sampled
-            sdk_internals.direct_children(sdk, span, phases, follows, lambda ctx, phase: self._child(ctx, *phase))
-        else:
-            ctx = trace.set_span_in_context(span)
-            for phase in phases:
-                self._child(ctx, *phase)
-        span.end(end_time=end)
+            status = Status(StatusCode.ERROR, rec.error_type)
+        attributes = span.attributes
+        attributes.update(attrs)
+        resource = resource or self.tracing.resource
+        context = span.context
+        for child in self._children(context, self._phases(rec, offset), resource):
+            processor.on_end(child)
+        limits, dropped = self.tracing.limits, 0
+        if limits.length is not None or len(attributes) > limits.count:
+            attributes, dropped = bounded(attributes, limits)
+        processor.on_end(
+            SpanData(
+                span.name,
+                context,
+                span.parent,
+                SpanKind.CLIENT,
+                span.start_time,
+                int(t.end * 1e9) + offset,
+                attributes,
+                resource,
+                self.scope,
+                status,
+                span.links,
+                dropped_attributes=dropped,
+            )
+        )
 
-    def span_start(self, span: Span, sampling: str, output_text: str | None) -> SpanStart | None:
+    def _children(self, parent: SpanContext, phases: list[Phase], resource: Resource) -> list[SpanData]:
+        """The phase children of a sampled root. A sampler that `follows` samples each (the
+        built-in ones); another is asked for each, as it would be for any child span."""
+        sampler = self.tracing.sampler
+        new_span_id = self.tracing.ids.generate_span_id
+        trace_id = parent.trace_id
+        flags = TraceFlags(_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))
+        scope, limits = self.scope, self.tracing.limits
+        children = []
+        for name, start, end, attrs, status in phases:
+            state = parent.trace_state
+            if not sampler.follows:
+                result = sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, None, (), None)
+                if not result.sampled:
+                    new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
+                    continue
+                if result.trace_state is not None:
+                    state = result.trace_state
+                if result.attributes:
+                    attrs = {**attrs, **result.attributes}
+            dropped = 0
+            if limits.length is not None or len(attrs) > limits.count:
+                attrs, dropped = bounded(attrs, limits)
+            children.append(
+                SpanData(
+                    name,
+                    SpanContext(trace_id, new_span_id(), False, flags, state),
+                    parent,
+                    SpanKind.INTERNAL,
+                    start,
+                    end,
+                    attrs,
+                    resource,
+                    scope,
+                    UNSET if status is None else status,
+                    dropped_attributes=dropped,
+                )
+            )
+        return children
+
+    def span_start(self, span: RootSpan, sampling: str, output_text: str | None) -> SpanStart | None:
         """In ship mode, the root's start for the telemetry process; None when nothing is to be
         exported (not shipping, not sampled, or dropped by outcome sampling)."""
-        if not self.ship or sampling == "dropped" or not span.is_recording():
+        if not self.ship or sampling == "dropped" or not span.recording:
             return None
-        ctx = span.get_span_context()
+        ctx = span.context
         if not ctx.trace_flags.sampled:
-            return None  # the worker's provider has no exporter; the telemetry process's would drop it
-        parent = getattr(span, "parent", None)
-        attributes = getattr(span, "attributes", None)
-        links = tuple(
-            (c.trace_id, c.span_id, int(c.trace_flags), c.is_remote, tuple(c.trace_state.items()))
-            for c in (link.context for link in getattr(span, "links", None) or ())
-        )
+            return None
         return SpanStart(
-            name=getattr(span, "name", ""),
+            name=span.name,
             trace_id=ctx.trace_id,
             span_id=ctx.span_id,
             trace_flags=int(ctx.trace_flags),
             trace_state=tuple(ctx.trace_state.items()),
-            parent=None
-            if parent is None
-            else (
-                parent.trace_id,
-                parent.span_id,
-                int(parent.trace_flags),
-                parent.is_remote,
-                tuple(parent.trace_state.items()),
-            ),  # fmt: skip
-            start=int(getattr(span, "start_time", 0) or 0),
-            attributes=dict(attributes) if attributes is not None else {},
+            parent=None if span.parent is None else _values(span.parent),
+            start=span.start_time,
+            attributes=dict(span.attributes),
             output=output_text if self.capture_content else None,
             offset=self._offset_ns,
-            links=links,
+            links=tuple(_values(link.context) for link in span.links),
         )
 
     def replay(self, rec: RequestRecord, resource: Resource | None = None) -> None:
         """The telemetry process's side of ship mode: the root as the serving process started it
         (same ids, start and attributes), then `finish` as one process would; `resource`: the
         serving process's own (its `service.instance.id`)."""
-        seed, sdk = rec.span, self._sdk
-        if seed is None or sdk is None or self._processors() == ():
+        seed = rec.span
+        if seed is None or self.tracing.processor is None:
             return  # nothing shipped, or no exporter here
         parent = None if seed.parent is None else _context(seed.parent)
         context = SpanContext(
             seed.trace_id, seed.span_id, False, TraceFlags(seed.trace_flags), TraceState(list(seed.trace_state))
         )
         links = tuple(Link(_context(link)) for link in seed.links)
-        root = sdk_internals.Root(sdk, seed.name, context, parent, dict(seed.attributes), seed.start, links)  # type: ignore[arg-type]
-        if resource is not None:
-            root.resource = resource
-        self.finish(root, rec, seed.output, seed.offset)
+        attributes: dict[str, AnyValue] = dict(seed.attributes)  # type: ignore[arg-type]
+        root = RootSpan(seed.name, context, parent, attributes, seed.start, links)
+        self.finish(root, rec, seed.output, seed.offset, resource)
 
-    def _phases(self, rec: RequestRecord, offset: int) -> list[sdk_internals.Phase]:
+    def _phases(self, rec: RequestRecord, offset: int) -> list[Phase]:
         """(name, start ns, end ns, attributes, error status) of each phase child."""
         t = rec.timing
 
         def ns(t: float) -> int:
             return int(t * 1e9) + offset
 
-        net_attrs: dict[str, types.AnyValue] = {}
+        net_attrs: dict[str, AnyValue] = {}
         if t.connection_reused is not None:
             net_attrs["taotrace.connection.reused"] = t.connection_reused
         if t.pool_wait is not None:
@@ -499,14 +530,3 @@ class Telemetry:
             last = ns(t.last_token) if t.last_token is not None else first
             phases.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None))
         return phases
-
-    def _child(
-        self, ctx: Context, name: str, start: int, end: int, attrs: dict[str, types.AnyValue], status: Status | None
-    ) -> None:
-        """A phase child through the SDK's general path."""
-        child = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL, start_time=start)
-        if attrs:
-            child.set_attributes(attrs)
-        if status is not None:
-            child.set_status(status)
-        child.end(end_time=end)

@@ -52,8 +52,6 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
@@ -66,10 +64,11 @@ from proxy.record import RequestRecord
 from proxy.reporting import Reporting
 from proxy.settings import Settings
 from proxy.sinks import Named, Sinks
-from proxy.telemetry import sdk_internals
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.spandata import Resource
 from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.tracing import Tracing
 from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
 from proxy.workers.messages import (
     AskInFlight,
@@ -181,7 +180,7 @@ class _Supervisor:
             more=("spans", *in_workers),
         )
         # Workers ship their spans' starts only when spans leave from here.
-        self.ship_spans = bool(sdk_internals.span_processors(telemetry.tracer))
+        self.ship_spans = telemetry.exporting
         self.env = env
         self.command = tuple(command)
         self._asked = 0
@@ -361,8 +360,8 @@ async def supervising(
     env: Mapping[str, str] | None = None,
     ready_timeout: float = 60.0,
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
-    tracer_provider: trace.TracerProvider | None = None,
     meter_provider: MetricPipeline | None = None,
+    tracing: Tracing | None = None,
     accounting: Accounting | None = None,
     channel_bound: int = CHANNEL_BOUND,
     shutdown: Shutdown | None = None,
@@ -371,7 +370,7 @@ async def supervising(
 
     Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
     `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it.
-    `tracer_provider` / `meter_provider`: where the group's spans and OTLP metrics go (by
+    `tracing` / `meter_provider`: where the group's spans and OTLP metrics go (by
     default, built from `env`'s `OTEL_*`); one passed in is not shut down. `accounting`: the one
     built when the settings were checked (by default, built here); its key salt is the group's.
     `channel_bound`: bytes of messages each worker holds for this supervisor before it drops records.
@@ -392,7 +391,7 @@ async def supervising(
         )
         accounting = accounting_from(settings) if accounting is None else accounting
         reporting = Reporting(
-            settings, accounting, on_record=on_record, registry=registry, tracer_provider=tracer_provider,
+            settings, accounting, on_record=on_record, registry=registry, tracing=tracing,
             meter_provider=meter_provider, env=env,
         )  # fmt: skip
         host, port = reserved[0].getsockname()[:2]
@@ -428,12 +427,9 @@ async def supervising(
 
 def _slots(workers: int, telemetry: Telemetry, env: Mapping[str, str]) -> list[_Worker]:
     """The group's slots; each worker's spans leave under the group's resource with its own instance id."""
-    base = getattr(telemetry.tracer, "resource", None)
+    base = telemetry.tracing.resource
     return [
-        _Worker(
-            i,
-            base.merge(Resource({"service.instance.id": instance_id(i, env)})) if isinstance(base, Resource) else None,
-        )
+        _Worker(i, Resource({**base.attributes, "service.instance.id": instance_id(i, env)}, base.schema_url))
         for i in range(workers)
     ]
 

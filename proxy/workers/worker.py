@@ -34,7 +34,7 @@ from proxy.reporting import telemetry_for
 from proxy.serving import serving
 from proxy.settings import Settings
 from proxy.telemetry.exposition import Counter, Gauge, Registry
-from proxy.telemetry.spans import build_tracer_provider
+from proxy.telemetry.tracing import build_tracing
 from proxy.workers.channel import encode, encode_hello, receive
 from proxy.workers.messages import SCHEMA, VERSION, AskInFlight, Hello, InFlightAnswer, Ready, Records, Start
 
@@ -160,7 +160,7 @@ async def _serve(sock: socket.socket) -> None:
     try:
         accounting = accounting_from(settings)  # the group's salt is in the settings
         # Spans are started here (ids, sampling, traceparent) and finished by the supervisor, or not at all.
-        telemetry = telemetry_for(settings, build_tracer_provider(export=False), ship=start.ship_spans)
+        telemetry = telemetry_for(settings, build_tracing(export=False), ship=start.ship_spans)
         state = ServerState()
         async with serving(
             settings, socks, state, telemetry=telemetry, recorder=shipper, observers=(), accounting=accounting,

@@ -11,12 +11,12 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.app import create_metrics_app
 from proxy.serve import running
 from proxy.settings import Settings
+from proxy.telemetry.tracing import Tracing
 from tests.adversarial.util import Upstream
 from tests.fakes import chat_stream, stream_handler
 
@@ -64,7 +64,7 @@ async def test_ten_thousand_model_names(allowlist: list[str], flood: int) -> Non
     # Upstream: one that keeps no record of what it saw (FakeUpstream's list would be the growth).
     async with Upstream(stream_handler(chat_stream(3))) as upstream:
         settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0, model_allowlist=allowlist)
-        async with running(settings, tracer_provider=TracerProvider(), registry=registry) as srv:
+        async with running(settings, tracing=Tracing(), registry=registry) as srv:
             # Warm up: every code path, pool connection and label child that will ever exist.
             await _flood(srv.proxy_url, [*allowlist, *(f"warm-{i}" for i in range(300))])
             gc.collect()
@@ -109,7 +109,7 @@ async def test_concurrent_scrapes_share_one_render(upstream) -> None:
     """
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0)
     registry = CollectorRegistry()
-    async with running(settings, tracer_provider=TracerProvider(), registry=registry) as srv:
+    async with running(settings, tracing=Tracing(), registry=registry) as srv:
         async with aiohttp.ClientSession() as session:
             for i in range(101):  # as many series as the default cap allows
                 async with session.post(srv.proxy_url + "/v1/chat/completions", data=b'{"model": "m%d"}' % i) as resp:

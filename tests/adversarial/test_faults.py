@@ -11,11 +11,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import aiohttp
 import pytest
 from aiohttp import web
-from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 
 from proxy.serve import running
 from proxy.settings import Settings
+from proxy.telemetry.tracing import Tracing
 from tests.adversarial.faultproxy import FaultProxy, Faults, blackhole
 from tests.adversarial.util import (
     BODY,
@@ -209,28 +209,28 @@ async def keepalive_race(start_proxy_factory, lanes: int, per_lane: int, keepali
     return sum(n for n, _ in results), [f for _, fs in results for f in fs]
 
 
-def _factory(tracer_provider: TracerProvider) -> Callable[[str, float], AbstractAsyncContextManager[str]]:
+def _factory(tracing: Tracing) -> Callable[[str, float], AbstractAsyncContextManager[str]]:
     """A fresh proxy (own pool, own registry) in front of `url`; yields the proxy's URL."""
 
     @asynccontextmanager
     async def factory(url: str, keepalive: float) -> AsyncIterator[str]:
         settings = Settings(upstream=url, port=0, metrics_port=0, drain_seconds=1.0, upstream_keepalive=keepalive)
-        async with running(settings, tracer_provider=tracer_provider, registry=CollectorRegistry()) as srv:
+        async with running(settings, tracing=tracing, registry=CollectorRegistry()) as srv:
             yield srv.proxy_url
 
     return factory
 
 
-async def test_keepalive_race_with_an_upstream_closing_idle_connections_at_1s(tracer_provider) -> None:
-    total, failures = await keepalive_race(_factory(tracer_provider), 20, 25, keepalive=0.5)
+async def test_keepalive_race_with_an_upstream_closing_idle_connections_at_1s(tracing) -> None:
+    total, failures = await keepalive_race(_factory(tracing), 20, 25, keepalive=0.5)
     assert total == 500
     assert failures == []
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(700)
-async def test_keepalive_race_500_sequential_requests(tracer_provider) -> None:
-    total, failures = await keepalive_race(_factory(tracer_provider), 1, 500, keepalive=0.5)
+async def test_keepalive_race_500_sequential_requests(tracing) -> None:
+    total, failures = await keepalive_race(_factory(tracing), 1, 500, keepalive=0.5)
     assert total == 500
     assert failures == []
 

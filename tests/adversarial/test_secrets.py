@@ -265,11 +265,10 @@ async def test_an_unhandled_error_answers_500_without_its_message(upstream, capl
     gives a plain 500; the log keeps the stack but never the exception's text."""
     import logging
 
-    from opentelemetry.sdk.trace import TracerProvider
-
     from proxy.serve import running
     from proxy.settings import Settings
     from proxy.telemetry.exposition import Counter
+    from proxy.telemetry.tracing import Tracing
 
     class Broken(Counter):
         def render_into(self, out: list[bytes], openmetrics: bool) -> None:
@@ -277,7 +276,7 @@ async def test_an_unhandled_error_answers_500_without_its_message(upstream, capl
 
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0)
     caplog.set_level(logging.DEBUG)
-    async with running(settings, tracer_provider=TracerProvider()) as srv:
+    async with running(settings, tracing=Tracing()) as srv:
         Broken("taotrace_broken", "Raises.", registry=srv.metrics.registry)
         async with aiohttp.ClientSession() as s, s.get(srv.metrics_url + "/metrics") as resp:
             status, text = resp.status, await resp.read()

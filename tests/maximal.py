@@ -1,69 +1,14 @@
-"""The OpenTelemetry releases whose private internals proxy/telemetry/sdk_internals.py relies on.
+"""The most a request can put on its spans: every parameter, attribute and limit set at once.
 
-An upgrade must be deliberate: when the installed versions differ from the verified ones, this
-fails, naming them. Then rerun tests/test_telemetry_fast.py and tests/test_telemetry_otlp.py
-(they pin the fast paths' output to the SDK's), re-read the private names listed in
-sdk_internals' docstring in the new release, and move VERIFIED and pyproject.toml's pins.
+Used by tests/test_spec_table.py (every emitted name) and tests/test_spans.py (the root never
+reaches the default attribute count limit).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
-from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
-
-from proxy.telemetry.sdk_internals import VERIFIED
-
-tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
-
-
-def test_installed_opentelemetry_is_the_verified_release() -> None:
-    installed = {name: importlib.metadata.version(name) for name in VERIFIED}
-    wrong = {name: v for name, v in installed.items() if _minor(v) != VERIFIED[name]}
-    assert not wrong, (
-        f"OpenTelemetry {wrong} installed, but proxy/telemetry/sdk_internals.py was verified against "
-        f"{ {n: VERIFIED[n] for n in wrong} }: read its docstring before upgrading"
-    )
-
-
-def test_pyproject_pins_the_verified_minor_versions() -> None:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {}
-    for dep in deps:
-        m = re.fullmatch(r"(opentelemetry-[a-z-]+)~=(\d+\.\d+)\.\d+", dep.replace(" ", ""))
-        if dep.startswith("opentelemetry"):
-            assert m, f"{dep}: pin OpenTelemetry packages as ~=X.Y.Z (compatible within the verified minor)"
-            pins[m.group(1)] = m.group(2)
-    assert pins, "no OpenTelemetry pins in pyproject.toml"
-    for name, minor in pins.items():
-        assert VERIFIED.get(name, minor) == minor, name
-    assert {"opentelemetry-sdk", "opentelemetry-exporter-otlp"} <= set(pins)
-    # What the pinned packages bring in must be the verified release too.
-    for name in VERIFIED:
-        assert _minor(importlib.metadata.version(name)) == VERIFIED[name]
-
-
-def test_the_root_attribute_bound_is_the_most_a_root_can_carry() -> None:
-    """`_MAX_ROOT_ATTRIBUTES` (the fast root path runs only under an attribute count limit at least
-    this high) is computed here: a request that sets every attribute the root can have, counted on
-    the finished span. A new attribute fails this until the bound is moved."""
-    from proxy.telemetry.sdk_internals import _MAX_ROOT_ATTRIBUTES
-
-    most = max(maximal_infos(), key=lambda i: len(i.params) + (i.system_instructions is not None))
-    assert most.input_messages is not None
-    (root,) = [s for s in maximal_spans(most) if s.parent is None]
-    assert root.attributes is not None
-    assert len(root.attributes) == _MAX_ROOT_ATTRIBUTES, sorted(root.attributes)
 
 
 def maximal_infos() -> list[Any]:
@@ -86,9 +31,6 @@ def maximal_spans(info: Any) -> list[Any]:
     """The finished spans of a request of `info` that sets every attribute the root can have."""
     import dataclasses
 
-    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from yarl import URL
 
     from proxy import dialects
@@ -98,7 +40,9 @@ def maximal_spans(info: Any) -> list[Any]:
     from proxy.record import RequestRecord
     from proxy.routes import Route
     from proxy.tcpinfo import TcpStats
+    from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
     from proxy.telemetry.spans import Telemetry
+    from proxy.telemetry.tracing import Tracing
     from proxy.timing import RequestTiming
 
     assert info.content is not None and info.end_user == "u"
@@ -133,10 +77,12 @@ def maximal_spans(info: Any) -> list[Any]:
     assert len(rate_limits.limits) == len(KINDS) and rate_limits.retry_after is not None
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=10_000))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
     telemetry = Telemetry(
-        provider, upstream_host="up", upstream_port=8000, upstream_base="http://up:8000", capture_content=True
+        Tracing(processor=SimpleSpanProcessor(exporter)),
+        upstream_host="up",
+        upstream_port=8000,
+        upstream_base="http://up:8000",
+        capture_content=True,
     )
     route = Route("r", "/r", URL("http://up:8000/api"))
     span = telemetry.start(info, "POST", "/v1/chat/completions", "key=x", {}, 0.0, route)
