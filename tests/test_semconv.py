@@ -125,6 +125,7 @@ async def proxied(upstream: FakeUpstream, sink: OTLPSink, mode: str, **settings:
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         ENV: os.environ.get(ENV, ""),
     }
+    env = {**os.environ, **env}  # OTEL_RESOURCE_ATTRIBUTES as the process has it
     tracer, meters = build_tracing(env), build_meter_provider(env)
     assert meters is not None
     config = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0, **settings)
@@ -135,7 +136,7 @@ async def proxied(upstream: FakeUpstream, sink: OTLPSink, mode: str, **settings:
         from proxy.workers.supervisor import supervising
 
         config = config.model_copy(update={"telemetry_process": True})
-        async with supervising(config, env={**os.environ, **env}, tracing=tracer, meter_provider=meters) as group:
+        async with supervising(config, env=env, tracing=tracer, meter_provider=meters) as group:
             yield group.proxy_url
     assert await asyncio.to_thread(shutdown_tracing, tracer, 10.0)
     assert await asyncio.to_thread(shutdown_meter_provider, meters, 10.0)

@@ -24,10 +24,15 @@ DEFAULT_TIMEOUT = 10.0  # seconds, the Python SDK's default for OTEL_EXPORTER_OT
 
 
 def resource_attributes(env: Mapping[str, str], version: str) -> dict[str, str]:
-    """The resource's attributes from `env`, as the SDK's own rules rank them: those of
+    """The resource's attributes from `env` (spans and metrics alike), as the SDK's own rules rank
+    them: `telemetry.sdk.*` (who encoded them: taotrace's own pipeline), those of
     `OTEL_RESOURCE_ATTRIBUTES` (`k=v,k2=v2`, percent-encoded), then `OTEL_SERVICE_NAME` over their
     `service.name`; `taotrace` when neither names the service."""
-    attributes: dict[str, str] = {}
+    attributes: dict[str, str] = {
+        "telemetry.sdk.language": "python",
+        "telemetry.sdk.name": "taotrace",
+        "telemetry.sdk.version": version,
+    }
     for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
         key, sep, value = pair.partition("=")
         if sep and key.strip():

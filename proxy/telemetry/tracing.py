@@ -65,14 +65,8 @@ class RandomIds:
 
 
 def resource_from_env(env: Mapping[str, str]) -> Resource:
-    """The resource every span and metric carries; telemetry.sdk.* say who encoded them."""
-    attributes: dict[str, str] = {
-        "telemetry.sdk.language": "python",
-        "telemetry.sdk.name": "taotrace",
-        "telemetry.sdk.version": __version__,
-    }
-    attributes.update(resource_attributes(env, __version__))
-    return Resource(attributes)
+    """The resource every span carries (the metrics' is the same: `otlp_env.resource_attributes`)."""
+    return Resource(resource_attributes(env, __version__))
 
 
 @dataclass(frozen=True)
