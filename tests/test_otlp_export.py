@@ -1,13 +1,16 @@
-"""Spans reach a real OTLP/HTTP receiver through the SDK's batch processor, configured by OTEL_* only."""
+"""Spans reach a real OTLP/HTTP receiver (or the console) through our batch processor, configured by OTEL_* only."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
+import pytest
 
 from proxy.serve import running
 from proxy.settings import Settings
+from proxy.telemetry.spans import Telemetry
 from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
 
@@ -44,3 +47,19 @@ def test_no_endpoint_means_no_exporter() -> None:
     assert build_tracing({}).processor is None  # nothing would leave the process
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"}
     assert build_tracing(env).processor is None
+
+
+def test_console_spans_are_printed_from_the_export_thread(capsys: pytest.CaptureFixture[str]) -> None:
+    """`OTEL_TRACES_EXPORTER=console`: batched like OTLP (never printed on the event loop), one
+    JSON line per span once flushed."""
+    from proxy.telemetry.batch_processor import BatchSpanProcessor
+    from tests.test_span_equivalence import INFO, T0, carrier, streamed
+
+    tracing = build_tracing({"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "60000"})
+    assert isinstance(tracing.processor, BatchSpanProcessor)
+    tel = Telemetry(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel.finish(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
+    assert capsys.readouterr().out == ""  # queued, not printed on the caller's thread
+    assert tracing.processor.shutdown(5.0)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["name"] for line in lines] == ["network", "prefill_wait", "decode", "chat gpt-4o-mini"]

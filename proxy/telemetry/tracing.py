@@ -20,7 +20,7 @@ from proxy.telemetry.batch_processor import BatchSpanProcessor
 from proxy.telemetry.otlp_env import export_settings, resource_attributes, traces_exporter
 from proxy.telemetry.sampler import DEFAULT, Sampler, sampler_from_env
 from proxy.telemetry.span_exporter import OtlpSpanExporter
-from proxy.telemetry.span_pipeline import ConsoleSpanExporter, SimpleSpanProcessor
+from proxy.telemetry.span_pipeline import ConsoleSpanExporter
 from proxy.telemetry.spandata import Resource, SpanExporter, SpanProcessor
 
 __all__ = [
@@ -129,10 +129,9 @@ def build_tracing(
     env = os.environ if env is None else env
     exporter = _exporter(env) if export else None
     processor: SpanProcessor | None = None
-    if isinstance(exporter, ConsoleSpanExporter):
-        processor = SimpleSpanProcessor(exporter)
-    elif exporter is not None:
-        # Batched on a thread; a full queue drops (and counts) rather than blocking a request.
+    if exporter is not None:
+        # Batched on a thread (the console's too: printing never runs on the event loop); a full
+        # queue drops (and counts) rather than blocking a request.
         processor = BatchSpanProcessor.from_env(exporter, env, on_drop)
     return Tracing(
         processor=processor, sampler=sampler_from_env(env), resource=resource_from_env(env), limits=limits_from_env(env)
