@@ -1,9 +1,10 @@
 """Records per second a `--workers` supervisor takes in, and its CPU per record.
 
-    python tests/bench/supervisor_records.py                            # 2 workers, as fast as it reads
-    python tests/bench/supervisor_records.py --workers 4 --rate 2000     # 4 x 2,000 records/s offered
-    python tests/bench/supervisor_records.py --spans otlp --genai        # every sink the group can have
-    python tests/bench/supervisor_records.py --profile /tmp/sup.prof     # cProfile of the supervisor
+    python tests/bench/supervisor_records.py                             # 8 workers x 2,500 records/s offered
+    python tests/bench/supervisor_records.py --workers 2 --rate 0         # 2 workers, as fast as it reads
+    python tests/bench/supervisor_records.py --spans otlp --genai         # every sink the group can have
+    python tests/bench/supervisor_records.py --profile /tmp/sup.prof      # cProfile of the supervisor's loop
+    python tests/bench/supervisor_records.py --micro --ab /tmp/base       # each step alone, two trees
 
 The real supervisor (`supervising`, in this process, on uvloop) runs N workers that are this
 script with `--worker`: each speaks the real channel (Hello, Start, Ready) and hands records to
@@ -14,8 +15,9 @@ TCP stats and, when spans leave the supervisor, the root span's start from the r
 `Telemetry.start` / `conclude` in ship mode. Half the records are 16-token streams, half
 `--long` tokens (default 256).
 
-A worker keeps at most `--window` bytes unread in its socket (it waits, it never drops), so
-"as fast as it reads" measures the supervisor. Timing starts at the `--warmup`-th record the
+A worker offers `--rate` records/s (0: as many as it can) and keeps at most `--window` bytes
+unread in its socket (it waits, it never drops), so a supervisor that falls behind shows as
+fewer records/s. Timing starts at the `--warmup`-th record the
 supervisor hands its sinks and ends at the last: records/s is wall time, CPU is this process's
 (`time.process_time`: every thread, the span exporter's included), which on a 2-core machine
 shared with the workers is the number to compare (`records/s if it had a core` = 1e6 / µs).
@@ -24,7 +26,7 @@ shared with the workers is the number to compare (`records/s if it had a core` =
 Sinks: the `taotrace_*` metrics and the live view always; `--spans`: `off` (no exporter: no span
 starts shipped), `discard` (a batch processor with an exporter that drops them: replay and the
 queue, no encoding), `otlp` (OTLP/HTTP to `otlp_sink.py` on a free port); `--genai`: the OTLP
-GenAI metrics into an in-memory reader.
+GenAI metrics, exported to the same sink every `OTEL_METRIC_EXPORT_INTERVAL`.
 """
 
 from __future__ import annotations
@@ -156,32 +158,57 @@ async def _worker(argv: Sequence[str]) -> None:
 # ---------------------------------------------------------------- the supervisor side (this process)
 
 
+def _threads() -> dict[str, int]:
+    """CPU ns of each thread of this process, by Python thread name (`/proc/self/task/*/schedstat`)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            ns = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except OSError:
+            continue
+        name = names.get(int(tid), "other")
+        name = "loop" if name == "MainThread" else name.rstrip("0123456789-_ ")
+        out[name] = out.get(name, 0) + ns
+    return out
+
+
 class _Stopwatch:
     """Counts records at the sinks; CPU and wall from the `warmup`-th to the `total`-th."""
 
     def __init__(self, warmup: int, total: int) -> None:
         self.warmup, self.total, self.n = warmup, total, 0
         self.cpu0 = self.wall0 = self.cpu1 = self.wall1 = 0.0
+        self.threads0: dict[str, int] = {}
+        self.threads1: dict[str, int] = {}
         self.done = asyncio.Event()
 
     def __call__(self, rec: object) -> None:
         self.n += 1
         if self.n == self.warmup:
-            self.cpu0, self.wall0 = time.process_time(), time.monotonic()
+            self.cpu0, self.wall0, self.threads0 = time.process_time(), time.monotonic(), _threads()
         elif self.n == self.total:
-            self.cpu1, self.wall1 = time.process_time(), time.monotonic()
+            self.cpu1, self.wall1, self.threads1 = time.process_time(), time.monotonic(), _threads()
             self.done.set()
+
+    def by_thread(self) -> dict[str, float]:
+        """µs per record of each thread (the loop, the span exporter's, the GenAI metrics' ...)."""
+        n = self.total - self.warmup
+        return {
+            name: (ns - self.threads0.get(name, 0)) / n / 1e3
+            for name, ns in self.threads1.items()
+            if ns - self.threads0.get(name, 0) > 0
+        }
 
 
 async def _supervise(args: argparse.Namespace) -> dict[str, float]:
-    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from prometheus_client import CollectorRegistry
 
     from proxy.settings import Settings
-    from proxy.telemetry.genai_metrics import views
     from proxy.workers.supervisor import supervising
 
     class Discard(SpanExporter):
@@ -194,7 +221,9 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
     if args.spans == "discard":
         provider = TracerProvider()
         provider.add_span_processor(BatchSpanProcessor(Discard()))
-    elif args.spans == "otlp":
+    elif args.spans == "off":
+        env["OTEL_TRACES_EXPORTER"] = "none"
+    if args.spans == "otlp" or args.genai:
         from procs import Proc, free_port, wait_port
 
         port = free_port()
@@ -202,9 +231,8 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
                     Path("/tmp") / f"otlp-sink-{port}.log").start()  # fmt: skip
         wait_port(port, 30, sink.popen)
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
-    meters = None
-    if args.genai:
-        meters = MeterProvider([InMemoryMetricReader()], views=views(), exemplar_filter=AlwaysOffExemplarFilter())
+        if args.genai:
+            env["OTEL_METRICS_EXPORTER"] = "otlp"
     per_worker = args.records // args.workers
     total = per_worker * args.workers
     watch = _Stopwatch(min(args.warmup, total // 2), total)
@@ -218,7 +246,7 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
     try:
         async with supervising(
             settings, on_record=watch, registry=CollectorRegistry(), env=env, worker_command=command,
-            tracer_provider=provider, meter_provider=meters, ready_timeout=30,
+            tracer_provider=provider, ready_timeout=30,
         ) as group:  # fmt: skip
             assert group.readiness() == "ready"
             if args.profile:
@@ -238,7 +266,10 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
             sink.stop()
     n = watch.total - watch.warmup
     cpu, wall = watch.cpu1 - watch.cpu0, watch.wall1 - watch.wall0
-    return {"records": n, "records_per_s": n / wall, "cpu_us_per_record": cpu / n * 1e6, "dropped": dropped}
+    return {
+        "records": n, "records_per_s": n / wall, "cpu_us_per_record": cpu / n * 1e6, "dropped": dropped,
+        **{f"thread {name}": us for name, us in watch.by_thread().items()},
+    }  # fmt: skip
 
 
 def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEventLoop, per_record: Any,
@@ -345,7 +376,7 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=256, help="tokens of every other record (the rest: 16)")
     ap.add_argument("--window", type=int, default=1 << 20, help="bytes a worker leaves unread before it waits")
     ap.add_argument("--spans", choices=("off", "discard", "otlp"), default="off")
-    ap.add_argument("--genai", action="store_true", help="the OTLP GenAI metrics too (in-memory reader)")
+    ap.add_argument("--genai", action="store_true", help="the OTLP GenAI metrics too (to otlp_sink.py)")
     ap.add_argument("--pin", action="store_true", help="supervisor on CPU 1, workers on CPU 0")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--src", type=Path, default=_src(sys.argv), help="the tree holding the proxy/ to run")
@@ -381,7 +412,8 @@ def main() -> None:
             f"{args.src.name}: workers {args.workers}  spans {args.spans}  genai {args.genai}  rate {args.rate or 'max'}: "
             f"{got['records']:.0f} records, {got['records_per_s']:,.0f} records/s, "
             f"supervisor CPU {got['cpu_us_per_record']:.1f} us/record "
-            f"(1 core: {1e6 / got['cpu_us_per_record']:,.0f} records/s), dropped {got['dropped']:.0f}",
+            f"(1 core: {1e6 / got['cpu_us_per_record']:,.0f} records/s), dropped {got['dropped']:.0f}; by thread: "
+            + ", ".join(f"{k[7:]} {v:.1f}" for k, v in got.items() if k.startswith("thread ")),
             flush=True,
         )
 
