@@ -67,11 +67,11 @@ def records(count: int, long: int, spans: bool, seed: int = 1) -> list[Any]:
     from proxy.reporting import telemetry_for
     from proxy.settings import Settings
     from proxy.tcpinfo import TcpStats
-    from proxy.telemetry.spans import build_tracer_provider
+    from proxy.telemetry.tracing import build_tracing
     from proxy.timing import PhaseClock
 
     rnd = random.Random(seed)
-    telemetry = telemetry_for(Settings(), build_tracer_provider({}, export=False), ship=True)
+    telemetry = telemetry_for(Settings(), build_tracing({}, export=False), ship=True)
     attributor = Attributor((HeaderAttribute(header="X-Team", attribute="app.team"),), body_user=False, salt=b"s" * 32)
     headers = CIMultiDict({"Authorization": "Bearer sk-" + "x" * 48, "X-Team": "search"})
     info = RequestInfo(
@@ -108,6 +108,23 @@ def records(count: int, long: int, spans: bool, seed: int = 1) -> list[Any]:
             )
         )  # fmt: skip
     return out
+
+
+class Discard:
+    """A span exporter that drops every batch: the supervisor's replay and queue, no encoding."""
+
+    def export(self, spans: Sequence[Any]) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _discarding(max_queue_size: int = 2048) -> Any:
+    from proxy.telemetry.batch_processor import BatchSpanProcessor
+    from proxy.telemetry.tracing import Tracing
+
+    return Tracing(processor=BatchSpanProcessor(Discard(), max_queue_size=max_queue_size))
 
 
 # ---------------------------------------------------------------- the worker side (a subprocess)
@@ -204,23 +221,17 @@ class _Stopwatch:
 
 
 async def _supervise(args: argparse.Namespace) -> dict[str, float]:
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from prometheus_client import CollectorRegistry
 
     from proxy.settings import Settings
+    from proxy.telemetry.tracing import shutdown_tracing
     from proxy.workers.supervisor import supervising
 
-    class Discard(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
     env: dict[str, str] = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    provider: Any = None
+    tracing: Any = None
     sink = None
     if args.spans == "discard":
-        provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(Discard()))
+        tracing = _discarding()
     elif args.spans == "off":
         env["OTEL_TRACES_EXPORTER"] = "none"
     if args.spans == "otlp" or args.genai:
@@ -246,7 +257,7 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
     try:
         async with supervising(
             settings, on_record=watch, registry=CollectorRegistry(), env=env, worker_command=command,
-            tracer_provider=provider, ready_timeout=30,
+            tracing=tracing, ready_timeout=30,
         ) as group:  # fmt: skip
             assert group.readiness() == "ready"
             if args.profile:
@@ -260,8 +271,8 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
                 profiler.dump_stats(args.profile)
             dropped = group.metrics.records_dropped.labels().get()
     finally:
-        if provider is not None:
-            provider.shutdown()
+        if tracing is not None:
+            shutdown_tracing(tracing)
         if sink is not None:
             sink.stop()
     n = watch.total - watch.warmup
@@ -275,28 +286,19 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
 def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEventLoop, per_record: Any,
                out: dict[str, float]) -> None:  # fmt: skip
     """One `--spans` setting of `_micro`: the worker's encode, the supervisor's receive and apply."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from prometheus_client import CollectorRegistry
 
     from proxy.accounting.config import accounting_from
     from proxy.reporting import Reporting
     from proxy.settings import Settings
+    from proxy.telemetry.tracing import Tracing, shutdown_tracing
     from proxy.workers import supervisor
     from proxy.workers.channel import encode, receive
     from proxy.workers.messages import Records
 
-    class Discard(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
     settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, workers=2)
-    provider = TracerProvider()
-    if spans == "discard":
-        provider.add_span_processor(BatchSpanProcessor(Discard(), max_queue_size=1 << 20))
-    reporting = Reporting(
-        settings, accounting_from(settings), registry=CollectorRegistry(), tracer_provider=provider, env={}
-    )
+    tracing = _discarding(1 << 20) if spans == "discard" else Tracing()
+    reporting = Reporting(settings, accounting_from(settings), registry=CollectorRegistry(), tracing=tracing, env={})
     slots = supervisor._slots(2, reporting.telemetry, {})
     group = supervisor.Group("", "", reporting.metrics, slots)
     sup = supervisor._Supervisor(settings, group, reporting.observers, {}, (), reporting.telemetry)
@@ -318,7 +320,7 @@ def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEvent
     per_record(f"supervisor: receive, spans {spans}", lambda: loop.run_until_complete(read_all()))
     received = [loop.run_until_complete(_one(f)) for f in frames]
     per_record(f"supervisor: apply, spans {spans}", lambda: [sup._apply(slots[0], m) for m in received])
-    provider.shutdown()
+    shutdown_tracing(tracing)
 
 
 def _micro(args: argparse.Namespace) -> dict[str, float]:
