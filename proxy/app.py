@@ -12,11 +12,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from proxy.accounting.config import Accounting
 from proxy.dialects import DIALECTS, Dialects
@@ -37,7 +37,7 @@ from proxy.telemetry.spans import Telemetry
 from proxy.ui import LiveView, add_ui_routes
 from proxy.upstream import UpstreamPool
 
-__all__ = ["ServerState", "create_metrics_app", "create_proxy_app", "make_pool", "upstream_url"]
+__all__ = ["DIRECT_KEY", "ServerState", "create_metrics_app", "create_proxy_app", "make_pool", "upstream_url"]
 
 
 @dataclass
@@ -52,6 +52,9 @@ class ServerState:
 
 STATE_KEY = web.AppKey("state", ServerState)
 UPSTREAMS_KEY = web.AppKey("upstreams", tuple[Upstream, ...])
+# The proxy's handler of every request, for a runner that skips the router (`GuardedAppRunner`).
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+DIRECT_KEY: web.AppKey[Handler] = web.AppKey("direct")
 
 
 def make_pool(settings: Settings, environ: Mapping[str, str] = os.environ, *, url: str | None = None) -> UpstreamPool:
@@ -168,7 +171,19 @@ def create_proxy_app(
         finally:
             in_flight.discard(task)
 
-    app.router.add_route("*", "/{tail:.*}", tracked)
+    route = app.router.add_route("*", "/{tail:.*}", tracked)
+
+    async def direct(request: web.BaseRequest) -> web.StreamResponse:
+        """`tracked`, without the router: what the router did first (the one thing it did that
+        the proxy needs) is answering `Expect: 100-continue`, as the route would."""
+        if request.headers.get(hdrs.EXPECT):
+            refused = await route.handle_expect_header(request)  # type: ignore[arg-type]
+            await request.writer.drain()
+            if refused is not None:
+                return refused
+        return await tracked(request)  # type: ignore[arg-type]
+
+    app[DIRECT_KEY] = direct
     return app
 
 

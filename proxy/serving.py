@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from proxy.accounting.config import Accounting
-from proxy.app import ServerState, create_proxy_app
+from proxy.app import DIRECT_KEY, ServerState, create_proxy_app
 from proxy.dialects import DIALECTS, Dialects
 from proxy.lifecycle import Drained, drain
 from proxy.listen import http_url
@@ -73,17 +73,12 @@ async def serving(
     observers = list(observers)
     if settings.access_log:
         observers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))
+    app = create_proxy_app(
+        settings, telemetry, recorder, state, observers, accounting, mirror_dropped=mirror_dropped, dialects=dialects
+    )
     runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
-        create_proxy_app(
-            settings,
-            telemetry,
-            recorder,
-            state,
-            observers,
-            accounting,
-            mirror_dropped=mirror_dropped,
-            dialects=dialects,
-        ),  # fmt: skip
+        app,
+        direct=app[DIRECT_KEY],  # one catch-all route: no router per request
         handler_cancellation=True,  # a client that leaves cancels its upstream call
         access_log=None,  # aiohttp's access log prints query strings (`?key=`)
         shutdown_timeout=settings.drain_seconds,

@@ -93,6 +93,32 @@ async def test_headers_seen_upstream(proxy: Proxied) -> None:
     assert seen["Content-Length"] == str(len(body))
 
 
+async def test_expect_100_continue_is_answered_and_an_unknown_expectation_refused(proxy: Proxied) -> None:
+    port = int(proxy.url.rsplit(":", 1)[1])
+    body = b'{"model":"m"}'
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nExpect: 100-continue\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    await writer.drain()
+    # The body is sent only once the proxy says to go on (curl waits 1 s for this otherwise).
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(body)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
+    assert proxy.upstream.seen[-1].body == body
+    assert "Expect" not in proxy.upstream.seen[-1].headers
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nExpect: teapot\r\nContent-Length: 0\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 417")
+    writer.close()
+
+
 async def test_gzip_body_is_forwarded_compressed_and_exact(proxy: Proxied, client: aiohttp.ClientSession) -> None:
     payload = gzip.compress(json.dumps({"choices": [], "usage": {"prompt_tokens": 1}}).encode() * 50)
 
