@@ -150,7 +150,9 @@ async def _worker(argv: Sequence[str]) -> None:
     writer.write(encode_hello(Hello(VERSION, SCHEMA, os.getpid())))
     start = await receive(reader)
     assert isinstance(start, Start), start
-    pool = records(500, args.long, start.ship_spans, seed=os.getpid())
+    # Distinct records, more than a batch holds: a pickle would write a record it has seen in the
+    # same message as a reference, and look cheaper than it is.
+    pool = records(4096, args.long, start.ship_spans, seed=os.getpid())
     shipper = Shipper(writer, start.max_buffered)
     writer.write(encode(Ready()))
     await asyncio.sleep(1.0)  # every worker is up before the records flow
