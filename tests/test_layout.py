@@ -143,3 +143,91 @@ def test_serve_the_reporting_and_the_group_import_one_way() -> None:
     ours = ("proxy.serve", "proxy.serving", "proxy.reporting", "proxy.workers")
     bad = [c for c in _cycles(_import_graph()) if any(m.startswith(ours) for m in c)]
     assert not bad, bad
+
+
+# What proxy/ may not import from OpenTelemetry: the SDK (spans and metrics are built, sampled,
+# batched and aggregated by our own code), the metrics API, the OTLP exporters, protos and
+# protobuf (we write the wire format ourselves). Tests still use them, as references.
+_NOT_AT_RUNTIME = (
+    "opentelemetry.sdk",
+    "opentelemetry.metrics",
+    "opentelemetry.exporter",
+    "opentelemetry.proto",
+    "google.protobuf",
+)
+
+
+def _not_at_runtime(name: str) -> bool:
+    return any(name == banned or name.startswith(banned + ".") for banned in _NOT_AT_RUNTIME)
+
+
+def _private(name: str) -> bool:
+    """A dotted name with a `_`-prefixed part (dunders aside): private to its package."""
+    return any(part.startswith("_") and not part.endswith("__") for part in name.split("."))
+
+
+def _opentelemetry_uses(path: Path) -> list[str]:
+    """Every OpenTelemetry (or protobuf) name `path` imports, lazily too, and every attribute it
+    reads through a module it imported so (`trace._TRACER_PROVIDER`), as dotted names."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    names: list[str] = []
+    bound: dict[str, str] = {}  # local name -> the module it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names.append(alias.name)
+                bound[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            for alias in node.names:
+                names.append(f"{node.module}.{alias.name}")
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain = [node.attr]
+            base: ast.expr = node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in bound:
+                names.append(".".join([bound[base.id], *reversed(chain)]))
+    return [n for n in names if n.split(".")[0] in ("opentelemetry", "google")]
+
+
+def test_the_proxy_uses_only_public_opentelemetry_api_names() -> None:
+    """The runtime needs only `opentelemetry-api` (any release of pyproject.toml's range): no SDK,
+    no exporter or proto package, and nothing private (a `_` name may change in any release)."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        for name in _opentelemetry_uses(path):
+            if _not_at_runtime(name) or _private(name):
+                bad.append(f"{path.relative_to(PKG)}: {name}")
+    assert bad == []
+
+
+def test_the_scan_finds_private_and_sdk_names(tmp_path: Path) -> None:
+    """The scan above catches each way a module can reach a private or SDK name."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from opentelemetry import trace\n"
+        "import opentelemetry.context as ctx\n"
+        "def f():\n"
+        "    from opentelemetry.sdk.trace import TracerProvider\n"
+        "    from opentelemetry.trace.span import _SPAN_ID_MAX_VALUE\n"
+        "    from opentelemetry.util._decorator import _agnosticcontextmanager\n"
+        "    return trace._TRACER_PROVIDER, ctx._RUNTIME_CONTEXT, trace.get_current_span, trace.__name__\n"
+    )
+    uses = _opentelemetry_uses(sample)
+    flagged = sorted({n for n in uses if _not_at_runtime(n) or _private(n)})
+    assert flagged == [
+        "opentelemetry.context._RUNTIME_CONTEXT",
+        "opentelemetry.sdk.trace",
+        "opentelemetry.sdk.trace.TracerProvider",
+        "opentelemetry.trace._TRACER_PROVIDER",
+        "opentelemetry.trace.span._SPAN_ID_MAX_VALUE",
+        "opentelemetry.util._decorator",
+        "opentelemetry.util._decorator._agnosticcontextmanager",
+    ]
+    assert "opentelemetry.trace.get_current_span" in uses
