@@ -11,7 +11,7 @@ ARGS   ?=
 # What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
 LINT_PATHS := proxy tests deploy
 
-.PHONY: venv system-deps test test-fast lint demo probe doctor serve sim bench screenshots clean FORCE
+.PHONY: venv system-deps test test-fast test-otel-range lint demo probe doctor serve sim bench screenshots clean FORCE
 
 # What a Python says of itself: "3.12.1 pip /usr/bin/python3.12" (version, pip or nopip, path).
 ABOUT := -c 'import importlib.util, sys; v = sys.version_info; print("%d.%d.%d" % v[:3], "pip" if importlib.util.find_spec("pip") else "nopip", sys.executable)'
@@ -80,8 +80,45 @@ system-deps:
 	  else echo "ss (iproute2) missing and not root: the TCP_INFO cross-check will skip"; fi; \
 	fi
 
+# The suite, then the OpenTelemetry range's two ends (below). With ARGS (a part of the suite, or
+# pytest options) only the suite runs: `make test-otel-range` runs the ends on their own.
 test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest -q $(ARGS)
+	@$(if $(ARGS),,$(MAKE) --no-print-directory test-otel-range)
+
+# pyproject.toml allows a range of OpenTelemetry releases (the API at runtime; the SDK, OTLP encoder
+# and protos the tests compare with). Each end gets its own venv, cached by a stamp like .venv's:
+# the runtime with the API at that release, the SDK, encoder and protos of the same release, and
+# the test tools; the oldest also with gRPC at its floor. OTEL_RANGE_TESTS run in each (~1 min).
+# Moving an end of the range in pyproject.toml means moving it here too (docs/development.md).
+OTEL_OLDEST := 1.28.0
+OTEL_NEWEST := 1.45.2
+GRPCIO_OLDEST := 1.63.2
+# Spans, sampling, propagation, the equivalence with the SDK, OTLP encoding and export (HTTP,
+# gRPC), the batch processor, GenAI metrics, and the workers' span shipping.
+OTEL_RANGE_TESTS := tests/test_spans.py tests/test_sampling.py tests/test_propagation.py tests/test_span_equivalence.py \
+  tests/test_telemetry_otlp.py tests/test_span_exporter.py tests/test_span_pipeline.py tests/test_otlp_export.py \
+  tests/test_otlp_env.py tests/test_otlp_metrics.py tests/test_genai_metrics.py tests/test_aggregate.py \
+  tests/test_collector_log.py tests/test_semconv.py tests/test_telemetry_ship.py \
+  tests/test_workers.py::test_spans_leave_from_the_supervisor_under_each_workers_instance_id
+OTEL_PACKAGES = opentelemetry-api==$(1) opentelemetry-sdk==$(1) opentelemetry-proto==$(1) opentelemetry-exporter-otlp-proto-common==$(1)
+# The test tools of [test] that OTEL_RANGE_TESTS use (the rest of [test] stays out: tests/test_packaging.py checks the names).
+OTEL_RANGE_TOOLS := pytest pytest-aiohttp pytest-timeout hypothesis trustme
+
+$(VENV)-otel-oldest/.installed: PINS = $(call OTEL_PACKAGES,$(OTEL_OLDEST)) grpcio==$(GRPCIO_OLDEST)
+$(VENV)-otel-newest/.installed: PINS = $(call OTEL_PACKAGES,$(OTEL_NEWEST))
+$(VENV)-otel-%/.installed: pyproject.toml Makefile | $(PY)
+	@if [ -e $(@D) ] && [ ! -e $(@D)/pyvenv.cfg ]; then echo "make: $(@D) exists and is not a virtualenv: move it away" >&2; exit 1; fi
+	@$(@D)/bin/python -c '' 2>/dev/null || { rm -rf $(@D) && $(PY) -m venv $(@D); } >&2
+	@echo "installing OpenTelemetry's $* end of the range into $(@D) (first run only)..." >&2
+	@$(@D)/bin/python -m pip install -q -e . $(OTEL_RANGE_TOOLS) $(PINS) >&2 || { echo "make: installing into $(@D) failed (pip's message above); run make again to retry"; exit 1; } >&2
+	@touch $@
+
+test-otel-range: $(VENV)-otel-oldest/.installed $(VENV)-otel-newest/.installed
+	@for end in oldest newest; do \
+	  echo "OpenTelemetry range, $$end end: $$($(VENV)-otel-$$end/bin/python -c 'import importlib.metadata as m; print(", ".join(d + " " + m.version(d) for d in ("opentelemetry-api", "opentelemetry-sdk", "grpcio")))')"; \
+	  $(VENV)-otel-$$end/bin/python -m pytest -q -p no:cacheprovider $(OTEL_RANGE_TESTS) || exit 1; \
+	done
 
 # The unit tier alone (tests/tiers.py): no processes, servers, browsers or Prometheus, so no
 # system-deps either. `make test` runs it too, with the end-to-end tier.
@@ -118,4 +155,4 @@ bench: $(VENV)/.installed-runtime
 	@$(PY) tests/bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-otel-oldest $(VENV)-otel-newest *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

@@ -162,3 +162,30 @@ def test_make_demo_json_is_only_json_on_stdout() -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [e["name"] for e in report["experiments"]] == ["input_length", "prefix_cache", "model_size"]
+
+
+def _make_variables(makefile: str) -> dict[str, str]:
+    return {m[1]: m[2].strip() for m in re.finditer(r"^([A-Z_]+) :?= (.*)$", makefile, re.M)}
+
+
+def _floor(requirements: list[str], name: str) -> str:
+    """The `>=` version of `name` in these requirements (with `<2` as its ceiling)."""
+    (found,) = [r for r in requirements if _name(r) == name]
+    match = re.fullmatch(rf"{re.escape(name)}>=([\d.]+),<2", found)
+    assert match, f"{found}: expected {name}>=X,<2"
+    return match[1]
+
+
+def test_the_opentelemetry_range_is_the_one_make_tests() -> None:
+    """pyproject.toml's ranges start where `make test-otel-range`'s oldest venv pins them, and its
+    newest venv is inside them; it installs no test tool that [test] does not list."""
+    make = _make_variables((ROOT / "Makefile").read_text())
+    runtime, test = PROJECT["dependencies"], PROJECT["optional-dependencies"]["test"]
+    assert _floor(runtime, "opentelemetry-api") == make["OTEL_OLDEST"]
+    for name in ("opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-common", "opentelemetry-proto"):
+        assert _floor(test, name) == make["OTEL_OLDEST"], name
+    assert _floor(runtime, "grpcio") == make["GRPCIO_OLDEST"]
+    oldest, newest = (tuple(int(p) for p in make[v].split(".")) for v in ("OTEL_OLDEST", "OTEL_NEWEST"))
+    assert oldest < newest < (2,)
+    assert set(make["OTEL_RANGE_TOOLS"].split()) <= _names(test)
+    assert not {"opentelemetry-sdk", "opentelemetry-exporter-otlp", "protobuf"} & _names(runtime)
