@@ -29,8 +29,6 @@ Private or undocumented aiohttp names used (`AIOHTTP_INTERNALS`), and why:
 - `web.StreamResponse._send_headers_immediately`: False in `RelayedResponse`, so `prepare()`
   leaves the serialized head in the writer; the relay sends it with the body bytes that came
   with the upstream's head (`StreamWriter.write`), or alone at once (`send_headers()`).
-- `http_writer.StreamWriter._eof`: set by `eof_written` when the relay wrote the final chunk
-  itself, with the last body bytes, so that `write_eof()` does not send a second one.
 """
 
 from __future__ import annotations
@@ -42,12 +40,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
 from proxy.errors import HeadersTooLarge, MalformedRequest, ProxyError
 
-__all__ = ["AIOHTTP_INTERNALS", "AIOHTTP_VERIFIED", "GuardedAppRunner", "RelayedResponse", "eof_written", "refusal_for"]
+__all__ = ["AIOHTTP_INTERNALS", "AIOHTTP_VERIFIED", "GuardedAppRunner", "RelayedResponse", "refusal_for"]
 
 # The aiohttp release (major.minor) whose internals the names below were read in.
 AIOHTTP_VERIFIED = "3.14"
@@ -65,7 +62,6 @@ AIOHTTP_INTERNALS = (
     "http_exceptions.HttpProcessingError.message",
     "http_exceptions.LineTooLong",
     "web.StreamResponse._send_headers_immediately",
-    "http_writer.StreamWriter._eof",
 )
 
 log = logging.getLogger("taotrace")
@@ -156,9 +152,3 @@ class RelayedResponse(web.StreamResponse):
     wake-up of the client instead of two), or alone, at once, when they did not."""
 
     _send_headers_immediately = False
-
-
-def eof_written(writer: AbstractStreamWriter) -> None:
-    """The final chunk (`0\\r\\n\\r\\n`) went out with the last body bytes, written by the relay
-    itself: `write_eof()` must not send another."""
-    writer._eof = True  # type: ignore[attr-defined]
