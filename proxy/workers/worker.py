@@ -16,7 +16,6 @@ passes it on once (two signals at once would cut instead of drain).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -27,7 +26,7 @@ from contextlib import suppress
 from proxy.accounting.config import accounting_from
 from proxy.app import ServerState
 from proxy.inflight import InFlightRequests
-from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop
+from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
 from proxy.listen import bind
 from proxy.record import RequestRecord
 from proxy.reporting import telemetry_for
@@ -167,7 +166,7 @@ async def _serve(sock: socket.socket) -> None:
             stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,
             who=f"worker {start.index}, pid {os.getpid()}",
         ) as url:  # fmt: skip
-            gc.freeze()  # as serve(): start-up objects out of the collector's reach
+            settle_heap()  # as serve(): start-up objects frozen, young collections rarer
             writer.write(encode(Ready()))
             log.debug("worker %d (pid %d) serving on %s", start.index, os.getpid(), url)
             orphaned = asyncio.ensure_future(
