@@ -240,17 +240,22 @@ async def test_exports_every_interval_and_delta_points_add_up(
     assert sum(counts) == 3
 
 
-async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(blackhole: int) -> None:
+@pytest.mark.parametrize("in_flight", [False, True])
+async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(blackhole: int, in_flight: bool) -> None:
+    """`in_flight`: an interval's export is already stuck on the collector when shutdown comes."""
     env = {
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole}",
         "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
+        "OTEL_METRIC_EXPORT_INTERVAL": "200" if in_flight else "60000",
     }
     provider = build_meter_provider(env)
     assert provider is not None
     genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
     genai(record_for("chat_completions", "m", 200, random.Random(1)))
     genai.stop()
+    if in_flight:
+        await asyncio.sleep(0.6)
     began = time.monotonic()
     assert not await asyncio.to_thread(shutdown_meter_provider, provider, 0.5)
     assert time.monotonic() - began < 3.0  # 0.5 s asked; never the 60 s export timeout

@@ -96,3 +96,23 @@ def test_no_root_reaches_the_default_count_limit_and_the_docs_say_how_many() -> 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "spans.md").read_text()
     said = re.search(r"the proxy's spans carry at most (\d+)", doc)
     assert said is not None and int(said.group(1)) == most
+
+
+def test_a_restarted_trace_never_carries_the_clients_tracestate() -> None:
+    """An invalid traceparent starts a new trace: the client's tracestate must not go with it."""
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from proxy.telemetry.spans import Telemetry
+    from proxy.telemetry.tracing import Tracing
+    from tests.test_span_equivalence import INFO, T0
+
+    tel = Telemetry(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    for traceparent in ("00-zzzz-bad-01", f"00-{'0' * 32}-{SPAN}-01"):
+        src = CIMultiDictProxy(CIMultiDict({"traceparent": traceparent, "tracestate": "vendor=secretstate"}))
+        headers = CIMultiDict(src)
+        tel.inject(tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0), headers)
+        assert "tracestate" not in headers and headers["traceparent"] != traceparent
+    valid = CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{TRACE}-{SPAN}-01", "tracestate": "vendor=v"}))
+    headers = CIMultiDict(valid)
+    tel.inject(tel.start(INFO, "POST", "/v1/chat/completions", "", valid, T0), headers)
+    assert headers.getall("tracestate") == ["vendor=v"]  # continued with the trace it belongs to

@@ -9,8 +9,10 @@ then the contract itself is pinned.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -247,6 +249,8 @@ def reference(
     headers = CIMultiDict(src)
     if parent == "child" or "traceparent" not in headers:
         propagate.inject(headers, context=trace.set_span_in_context(root))
+        if not root.get_span_context().trace_state and "tracestate" in headers:
+            del headers["tracestate"]  # ours: a client's tracestate never rides with a trace it is not in
     if root.is_recording():
         finished = list(ours_spans(sampler, rec, src, query, parent))
         root.set_attributes(finished[-1].attributes if finished else {})
@@ -380,21 +384,60 @@ def test_ratio_sampler_decides_as_the_sdks(ratio: float) -> None:
         assert got == theirs.should_sample(None, trace_id, "n").decision.is_sampled()
 
 
-def test_a_plug_in_sampler_from_an_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An `opentelemetry_traces_sampler` entry point, as the SDK loads it: its factory gets the
-    argument's text; it is asked for the root and every child."""
-    from importlib import metadata
+PLUGIN = """
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
-    class EntryPoint:
-        name = "tagging"
+ARGS = []
 
-        def load(self) -> Any:
-            return lambda arg: Tagging()
 
-    monkeypatch.setattr(ours, "entry_points", lambda group: [EntryPoint()] if group == ours.ENTRY_POINT_GROUP else [])
-    sampler = ours.sampler_from_env({"OTEL_TRACES_SAMPLER": "tagging"})
-    assert isinstance(sampler, ours.SdkSampler) and not sampler.follows and isinstance(sampler.sampler, Tagging)
-    assert callable(metadata.entry_points)  # the real lookup is importlib.metadata's
+def ratio(arg):
+    ARGS.append(arg)
+    return TraceIdRatioBased(0.1 if arg is None else float(arg))
+
+
+def broken(arg):
+    raise RuntimeError("no")
+
+
+def not_a_sampler(arg):
+    return object()
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A real installed distribution (a .dist-info on sys.path) registering sampler entry points."""
+    (tmp_path / "taotrace_test_plugin.py").write_text(PLUGIN)
+    info = tmp_path / "taotrace_test_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: taotrace-test-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[opentelemetry_traces_sampler]\n"
+        "MyRatio = taotrace_test_plugin:ratio\n"
+        "broken = taotrace_test_plugin:broken\n"
+        "not_a_sampler = taotrace_test_plugin:not_a_sampler\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    importlib.invalidate_caches()
+    module = importlib.import_module("taotrace_test_plugin")
+    yield module
+    sys.modules.pop("taotrace_test_plugin", None)
+
+
+def test_a_plug_in_sampler_from_an_entry_point(plugin: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An `opentelemetry_traces_sampler` entry point, found and called as the SDK does: by its name
+    as registered, its factory given the argument as set (None when unset); asked for every child."""
+    sampler = ours.sampler_from_env({"OTEL_TRACES_SAMPLER": "MyRatio"})
+    assert isinstance(sampler, ours.SdkSampler) and not sampler.follows
+    assert isinstance(sampler.sampler, sdk_sampling.TraceIdRatioBased) and sampler.sampler.rate == 0.1
+    ours.sampler_from_env({"OTEL_TRACES_SAMPLER": "MyRatio", "OTEL_TRACES_SAMPLER_ARG": "0.5"})
+    assert plugin.ARGS == [None, "0.5"]
+    with caplog.at_level("WARNING", logger="taotrace"):
+        for name in ("myratio", "broken", "not_a_sampler", "no_such_sampler"):  # case matters, as in the SDK
+            assert ours.sampler_from_env({"OTEL_TRACES_SAMPLER": name}) is ours.DEFAULT
+    assert len([r for r in caplog.records if "parentbased_always_on" in r.getMessage()]) == 4
 
 
 @pytest.fixture

@@ -109,6 +109,7 @@ class MetricPipeline:
         self._stop = threading.Event()
         self._final_timeout = timeout
         self._closed = False
+        self._next_failure_log = 0.0
         self._thread: threading.Thread | None = None
         if exporter is not None:
             self._thread = threading.Thread(target=self._run, name="taotrace-metrics-export", daemon=True)
@@ -138,8 +139,11 @@ class MetricPipeline:
                 return True
             try:
                 return self.exporter.export(self.resource, scopes, self.timeout if timeout is None else timeout)
-            except Exception:
-                log.exception("metrics export failed")
+            except Exception as error:  # noqa: BLE001 - an export never stops the thread
+                now = time.monotonic()
+                if now >= self._next_failure_log:  # at most one line a minute, never a traceback each interval
+                    self._next_failure_log = now + 60.0
+                    log.warning("OTLP metrics export failed: %s", type(error).__name__)
                 return False
 
     def _run(self) -> None:
@@ -160,5 +164,7 @@ class MetricPipeline:
             finished = not self._thread.is_alive()
         self._closed = True
         if self.exporter is not None:
-            self.exporter.shutdown()  # ends a back-off wait still under way at once
+            # Ends a back-off wait still under way at once. From a thread of its own: closing the
+            # transport waits for an export stuck on a collector that accepts and never answers.
+            threading.Thread(target=self.exporter.shutdown, name="taotrace-metrics-close", daemon=True).start()
         return finished

@@ -69,7 +69,9 @@ class Delivery:
             sent = self._transport.send(body, max(remaining, 0.001))
             if sent.ok:
                 return True
-            delay = sent.retry_after if sent.retry_after is not None else backoff(attempt, self._jitter())
+            delay = backoff(attempt, self._jitter())
+            if sent.retry_after is not None:  # the collector's wait, but never less than ours (`Retry-After: 0`)
+                delay = max(sent.retry_after, delay)
             if not sent.retryable or self._stopped.is_set() or self._monotonic() + delay >= deadline:
                 self._failed(sent)
                 return False

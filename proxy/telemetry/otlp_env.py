@@ -86,7 +86,7 @@ def shown_endpoint(endpoint: str) -> str:
 
 
 def span_destination(env: Mapping[str, str]) -> str:
-    """Where spans go, in words, as `spans.build_tracer_provider` resolves it from `env`."""
+    """Where spans go, in words, as `tracing.build_tracing` resolves it from `env`."""
     kind = traces_exporter(env)
     if kind == "none":
         return "spans not exported (OTEL_TRACES_EXPORTER=none)"

@@ -225,7 +225,8 @@ def _ratio(arg: str | None) -> float:
 
 def sampler_from_env(env: Mapping[str, str]) -> Sampler:
     """`OTEL_TRACES_SAMPLER` (+ `OTEL_TRACES_SAMPLER_ARG`), as the specification defines them."""
-    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    raw = env.get("OTEL_TRACES_SAMPLER", "").strip()
+    name = raw.lower() or "parentbased_always_on"
     arg = env.get("OTEL_TRACES_SAMPLER_ARG")
     if name == "always_on":
         return ALWAYS_ON
@@ -239,12 +240,18 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
         return ParentBased(ALWAYS_OFF)
     if name == "parentbased_traceidratio":
         return ParentBased(TraceIdRatio(_ratio(arg)))
-    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-    if found:
-        try:
-            return SdkSampler(found[0].load()(arg or ""))  # the SDK passes the text as is
-        except Exception as error:  # noqa: BLE001 - a broken plug-in must not stop the proxy
-            log.warning("could not load the sampler %r (%s); using parentbased_always_on", name, type(error).__name__)
-            return DEFAULT
-    log.warning("unknown OTEL_TRACES_SAMPLER %r; using parentbased_always_on", name)
-    return DEFAULT
+    # A plug-in, found as the SDK finds it: its entry point's name as given (case matters), its
+    # factory called with the argument as set (None when unset).
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == raw]
+    if not found:
+        log.warning("unknown OTEL_TRACES_SAMPLER %r; using parentbased_always_on", raw)
+        return DEFAULT
+    try:
+        plugin = found[0].load()(arg)
+    except Exception as error:  # noqa: BLE001 - a broken plug-in must not stop the proxy
+        log.warning("could not load the sampler %r (%s); using parentbased_always_on", raw, type(error).__name__)
+        return DEFAULT
+    if not callable(getattr(plugin, "should_sample", None)):
+        log.warning("the sampler %r has no should_sample; using parentbased_always_on", raw)
+        return DEFAULT
+    return SdkSampler(plugin)

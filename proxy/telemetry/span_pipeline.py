@@ -24,7 +24,8 @@ _logger = logging.getLogger(__name__)
 
 
 class SimpleSpanProcessor:
-    """Exports each span when it ends, on the caller's thread (tests, the console): never raises."""
+    """Exports each span when it ends, on the caller's thread (tests, and embedding code that wants
+    no thread): never raises. The proxy itself always batches (`batch_processor.py`)."""
 
     def __init__(self, exporter: SpanExporter) -> None:
         self.exporter = exporter

@@ -299,6 +299,10 @@ class Telemetry:
                 headers["traceparent"] = propagation.format_traceparent(ctx)
                 if ctx.trace_state:
                     headers["tracestate"] = ctx.trace_state.to_header()
+                elif "tracestate" in headers:
+                    # A client's state belongs to its own trace: not to one restarted here (its
+                    # traceparent was invalid) nor to a span whose sampler set none (W3C §3.3).
+                    del headers["tracestate"]
             else:
                 inject(headers, context=trace.set_span_in_context(NonRecordingSpan(ctx)))
         except Exception:  # telemetry must never break a request

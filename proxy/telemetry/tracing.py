@@ -49,7 +49,9 @@ class RandomIds:
     random_trace_id = True  # roots we start carry the W3C `random` trace flag
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        self._bits = (rng or random.Random()).getrandbits
+        # The random module's own generator by default: CPython reseeds it in a forked child, so
+        # a parent and its child never draw the same ids (a private Random would repeat them).
+        self._bits = rng.getrandbits if rng is not None else random.getrandbits
 
     def generate_trace_id(self) -> int:
         trace_id = self._bits(128)
