@@ -174,7 +174,14 @@ class BatchSpanProcessor:
         flush = _Flush()
         self._flushes.append(flush)
         self._wake.set()
-        return flush.done.wait(timeout)
+        # In slices: a shutdown racing this flush may end the thread before it sees the flush.
+        deadline = time.monotonic() + timeout
+        while not flush.done.wait(min(0.05, max(deadline - time.monotonic(), 0.0))):
+            if not self._thread.is_alive():
+                return not self._queue
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def shutdown(self, timeout: float) -> bool:
         """Export what is queued, then shut the exporter down; False (and the exporter told to
@@ -190,6 +197,9 @@ class BatchSpanProcessor:
             # back-off at once and fails what is left) from a thread of its own, never blocking here.
             threading.Thread(target=self._shutdown_exporter, name="taotrace-spans-stop", daemon=True).start()
             return False
+        if self._queue:  # appended on the loop after the thread's last look: never exported, so counted
+            self._drop("export_failed", len(self._queue))
+            self._queue.clear()
         return True
 
     # -- the thread's side ----------------------------------------------------------------------
