@@ -358,29 +358,40 @@ class Telemetry:
         offset = self._offset_ns if offset is None else offset
         status = UNSET
         u = rec.usage
-        attrs: dict[str, AnyValue] = {
-            "http.response.status_code": rec.status_code,
-            "taotrace.duration": t.duration,
-        }
-        for key, value in (
-            ("gen_ai.response.model", rec.response_model),
-            ("gen_ai.response.id", rec.response_id),
-            ("gen_ai.usage.input_tokens", u.input_tokens),
-            # Only what the provider reported: viewers price gen_ai.usage.*; our own count of a
-            # stream's token events is taotrace.token_events.
-            ("gen_ai.usage.output_tokens", u.output_tokens if rec.usage_source == "reported" else None),
-            ("gen_ai.usage.cache_read.input_tokens", u.cached_input_tokens),
-            ("gen_ai.usage.cache_creation.input_tokens", u.cache_creation_input_tokens),
-            ("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens),
-            ("gen_ai.response.time_to_first_chunk", t.ttfc),  # the spec's first chunk, not our first token
-            ("taotrace.ttft", t.ttft),
-            ("taotrace.ttfb", t.ttfb),
-            ("taotrace.time_to_headers", t.time_to_headers),
-            ("taotrace.tpot", t.tpot),
-            ("taotrace.connection.reused", t.connection_reused),
-        ):
-            if value is not None:
-                attrs[key] = value
+        # Written straight into the root's attributes, in the order they are documented (no
+        # second dict merged in, no tuple of pairs built per request): the same keys in the
+        # same order as an update() would leave them.
+        attrs = span.attributes
+        attrs["http.response.status_code"] = rec.status_code
+        attrs["taotrace.duration"] = t.duration
+        if rec.response_model is not None:
+            attrs["gen_ai.response.model"] = rec.response_model
+        if rec.response_id is not None:
+            attrs["gen_ai.response.id"] = rec.response_id
+        if u.input_tokens is not None:
+            attrs["gen_ai.usage.input_tokens"] = u.input_tokens
+        # Only what the provider reported: viewers price gen_ai.usage.*; our own count of a
+        # stream's token events is taotrace.token_events.
+        if u.output_tokens is not None and rec.usage_source == "reported":
+            attrs["gen_ai.usage.output_tokens"] = u.output_tokens
+        if u.cached_input_tokens is not None:
+            attrs["gen_ai.usage.cache_read.input_tokens"] = u.cached_input_tokens
+        if u.cache_creation_input_tokens is not None:
+            attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_creation_input_tokens
+        if u.reasoning_tokens is not None:
+            attrs["gen_ai.usage.reasoning.output_tokens"] = u.reasoning_tokens
+        if t.ttfc is not None:  # the spec's first chunk, not our first token
+            attrs["gen_ai.response.time_to_first_chunk"] = t.ttfc
+        if t.ttft is not None:
+            attrs["taotrace.ttft"] = t.ttft
+        if t.ttfb is not None:
+            attrs["taotrace.ttfb"] = t.ttfb
+        if t.time_to_headers is not None:
+            attrs["taotrace.time_to_headers"] = t.time_to_headers
+        if t.tpot is not None:
+            attrs["taotrace.tpot"] = t.tpot
+        if t.connection_reused is not None:
+            attrs["taotrace.connection.reused"] = t.connection_reused
         if rec.sampling:
             attrs["taotrace.sampling.reason"] = rec.sampling
         if rec.pair_id is not None:  # --mirror: the request and its copy
@@ -405,8 +416,7 @@ class Telemetry:
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             status = Status(StatusCode.ERROR, rec.error_type)
-        attributes = span.attributes
-        attributes.update(attrs)
+        attributes = attrs  # bounded() may return a copy: the root's own dict stays as it is
         resource = resource or self.tracing.resource
         context = span.context
         for child in self._children(context, self._phases(rec, offset), resource):
