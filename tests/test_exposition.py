@@ -105,6 +105,26 @@ def test_the_page_follows_new_observations_after_a_cached_render() -> None:
     assert EXEMPLAR_TIME.sub(rb"\1", ours.render(True)) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs))
 
 
+def test_counter_and_gauge_lines_follow_every_change_between_renders() -> None:
+    """A counter's or gauge's line is kept from one render to the next while its value stays:
+    every change (even one to an equal-looking float, -0.0 after 0.0) is written anew."""
+    ours, theirs = ex.Registry(), pc.CollectorRegistry()
+    gauges = ex.Gauge("t_g", "g", ("k",), registry=ours), pc.Gauge("t_g", "g", ("k",), registry=theirs)
+    counters = ex.Counter("t_c", "c", ("k",), registry=ours), pc.Counter("t_c", "c", ("k",), registry=theirs)
+    steps: list[Callable[[ex.Gauge | pc.Gauge, ex.Counter | pc.Counter], object]] = [
+        lambda g, c: (g.labels("a").set(3), c.labels("a").inc(2)),
+        lambda g, c: g.labels("a").set(3.0),
+        lambda g, c: (g.labels("a").set(0.0), c.labels("a").inc(0)),
+        lambda g, c: (g.labels("a").set(-0.0), c.labels("b").inc(1)),
+        lambda g, c: (g.labels("a").dec(1.5), c.labels("a").inc(0.25)),
+    ]
+    for step in steps:
+        step(gauges[0], counters[0])
+        step(gauges[1], counters[1])
+        assert ours.render() == pc.generate_latest(theirs)
+        assert ours.render(openmetrics=True) == pc_openmetrics(theirs)
+
+
 def test_counts_past_a_million_are_written_as_prometheus_client_writes_them() -> None:
     ours = ex.Registry()
     h = ex.Histogram("big_seconds", "Big.", ("a",), buckets=(0.1, 1.0), registry=ours)

@@ -153,12 +153,15 @@ class _Family(Generic[C]):
 class _Value:
     """A counter or gauge child: one number."""
 
-    __slots__ = ("line", "labels", "value")
+    __slots__ = ("line", "labels", "value", "page")
 
     def __init__(self, sample: str, labels: tuple[tuple[str, str], ...]) -> None:
         self.labels = labels
         self.line = sample + _labels(labels) + " "
         self.value = 0.0
+        # (the value object last rendered, its line): `inc` and `set` bind a new float, so an
+        # identity test tells an unchanged child without formatting it again.
+        self.page: tuple[float, bytes] | None = None
 
     def inc(self, amount: float = 1) -> None:
         self.value += amount
@@ -178,8 +181,13 @@ class _ValueFamily(_Family[_Value]):
         return _Value(self.name + self.sample_suffix, labels)
 
     def render_into(self, out: list[bytes], openmetrics: bool) -> None:
-        lines = [child.line + _number(child.value) + "\n" for child in list(self.children.values())]
-        out.append("".join(lines).encode())
+        lines = []
+        for child in list(self.children.values()):
+            value, page = child.value, child.page
+            if page is None or page[0] is not value:
+                page = child.page = (value, (child.line + _number(value) + "\n").encode())
+            lines.append(page[1])
+        out.append(b"".join(lines))
 
     def collect(self) -> Metric:
         metric = Metric(self.name, self.documentation, self.kind)

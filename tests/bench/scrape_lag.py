@@ -8,7 +8,7 @@ Starts `taotrace serve` (or its supervisor and workers) in a child process with 
 serving loop (how late a 5 ms sleep wakes up: the delay any stream's next chunk would see),
 fills the model label to the cap with streams of every api (101 names each), then runs `--streams`
 streams back to back (32 by default; 20 tokens 5 ms apart) while /metrics is scraped every
-second with Prometheus's Accept header (OpenMetrics). Spans go to a live OTLP/HTTP receiver in
+second (`--interval`) with Prometheus's Accept header (OpenMetrics). Spans go to a live OTLP/HTTP receiver in
 this process (`--no-export`: none). Prints lag p50/p99/max per serving process, scrape times and
 page size, and the streams' TTFT.
 """
@@ -211,7 +211,7 @@ async def run(args: argparse.Namespace) -> None:
                 async with s.get(metrics_url + "/metrics", headers={"Accept": PROMETHEUS_ACCEPT}) as r:
                     await r.read()
                 scrapes.append(time.perf_counter() - t)
-                await asyncio.sleep(max(0.0, 1.0 - (time.perf_counter() - t)))
+                await asyncio.sleep(max(0.0, args.interval - (time.perf_counter() - t)))
 
         await asyncio.gather(scraper(), *(streamer(i) for i in range(args.streams)))
     proc.send_signal(signal.SIGTERM)
@@ -246,6 +246,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds from one scrape's start to the next")
     parser.add_argument("--no-scrape", dest="scrape", action="store_false", help="the same load without scrapes")
     parser.add_argument("--telemetry-process", action="store_true", help="one worker, telemetry in the supervisor")
     parser.add_argument(
