@@ -122,12 +122,14 @@ def _cut(value: AnyValue, length: int) -> AnyValue:
 
 
 def bounded(attributes: dict[str, AnyValue], limits: SpanLimits) -> tuple[dict[str, AnyValue], int]:
-    """`attributes` within `limits`, and how many were dropped (only when a limit is configured
-    low enough to bite: by default the proxy's spans carry far fewer than 128 attributes)."""
+    """`attributes` within `limits`, and how many were dropped. By default nothing bites (the
+    proxy's spans carry far fewer than 128 attributes): then `attributes` itself, at once."""
+    length = limits.length
     dropped = len(attributes) - limits.count
+    if dropped <= 0 and length is None:
+        return attributes, 0
     if dropped > 0:
         attributes = dict(list(attributes.items())[dropped:])  # the latest kept, as the SDK keeps them
-    length = limits.length
     if length is not None:
         attributes = {key: _cut(value, length) for key, value in attributes.items()}
     return attributes, max(dropped, 0)
@@ -416,14 +418,11 @@ class Telemetry:
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             status = Status(StatusCode.ERROR, rec.error_type)
-        attributes = attrs  # bounded() may return a copy: the root's own dict stays as it is
         resource = resource or self.tracing.resource
         context = span.context
         for child in self._children(context, self._phases(rec, offset), resource):
             processor.on_end(child)
-        limits, dropped = self.tracing.limits, 0
-        if limits.length is not None or len(attributes) > limits.count:
-            attributes, dropped = bounded(attributes, limits)
+        attributes, dropped = bounded(attrs, self.tracing.limits)  # within limits: a copy, the root's dict kept
         processor.on_end(
             SpanData(
                 span.name,
@@ -461,9 +460,7 @@ class Telemetry:
                     state = result.trace_state
                 if result.attributes:
                     attrs = {**attrs, **result.attributes}
-            dropped = 0
-            if limits.length is not None or len(attrs) > limits.count:
-                attrs, dropped = bounded(attrs, limits)
+            attrs, dropped = bounded(attrs, limits)
             children.append(
                 SpanData(
                     name,
@@ -511,9 +508,7 @@ class Telemetry:
         if seed is None or self.tracing.processor is None:
             return  # nothing shipped, or no exporter here
         parent = None if seed.parent is None else _context(seed.parent)
-        context = SpanContext(
-            seed.trace_id, seed.span_id, False, TraceFlags(seed.trace_flags), TraceState(list(seed.trace_state))
-        )
+        context = _context((seed.trace_id, seed.span_id, seed.trace_flags, False, seed.trace_state))
         links = tuple(Link(_context(link)) for link in seed.links)
         attributes: dict[str, AnyValue] = dict(seed.attributes)  # type: ignore[arg-type]
         root = RootSpan(seed.name, context, parent, attributes, seed.start, links)
