@@ -25,6 +25,8 @@ def test_rows_give_each_traced_first_token() -> None:
         {"trace_id": "c" * 32},  # an older proxy without the field
     ]
     assert proxy_first_tokens(rows) == {"a" * 32: 100.25}
+    last = [{"trace_id": "a" * 32, "first_token_monotonic": 100.25, "last_token_monotonic": 100.5}]
+    assert proxy_first_tokens(last, "last_token_monotonic") == {"a" * 32: 100.5}
 
 
 def test_lags_match_by_trace_id_only() -> None:

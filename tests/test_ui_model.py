@@ -188,9 +188,11 @@ def test_rows_and_details_carry_the_records_numbers() -> None:
         rec.timing.network,
         4,
     )
-    # The one instant a row carries: the host's monotonic clock, comparable across processes.
+    # The instants a row carries: the host's monotonic clock, comparable across processes.
     assert r["first_token_monotonic"] == rec.timing.first_token == pytest.approx(100.1)
-    assert row(Entry(seq=2, time=1.0, record=record(ttft=None)))["first_token_monotonic"] is None
+    assert r["last_token_monotonic"] == rec.timing.last_token == pytest.approx(100.13)
+    untimed = row(Entry(seq=2, time=1.0, record=record(ttft=None)))
+    assert untimed["first_token_monotonic"] is None and untimed["last_token_monotonic"] is None
     d = detail(entry, trace_url="http://jaeger:16686/trace/{trace_id}")
     assert d["trace_url"] == f"http://jaeger:16686/trace/{rec.trace_id}"
     spans = {s["name"]: s for s in d["spans"]}

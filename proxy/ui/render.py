@@ -1,7 +1,7 @@
 """JSON for the live view's API, from ring entries. Pure.
 
-A row carries what the requests table shows, plus the first token's instant on the host's
-monotonic clock (for scripts comparing it with another process's clock on the same host); a
+A row carries what the requests table shows, plus the first and last tokens' instants on the
+host's monotonic clock (for scripts comparing it with another process's clock on the same host); a
 detail carries the whole record (every field, so fields added to `RequestRecord` later show up
 without a change here), the phase spans as offsets from the request's start, and the inter-token
 gaps.
@@ -51,6 +51,7 @@ def row(e: Entry) -> dict[str, Any]:
         # CLOCK_MONOTONIC seconds (time.perf_counter on Linux), the same clock in every process on
         # the host: what another process's own timestamps can be compared with (the benchmark's).
         "first_token_monotonic": t.first_token,
+        "last_token_monotonic": t.last_token,
         "pair_id": r.pair_id,  # --mirror: the primary and its mirror copy share it
         "mirror": r.mirror,
     }

@@ -2,7 +2,8 @@
 
 The lag is how long after the upstream wrote a stream's first token the proxy stamped it: the
 proxy's `first_token_monotonic` (its live view's rows) minus the upstream's own instant (the bench
-upstream's `/bench/first_tokens`), matched by trace id. Both are CLOCK_MONOTONIC seconds read in
+upstream's `/bench/first_tokens`), matched by trace id; the last token's the same way
+(`last_token_monotonic`, `/bench/last_tokens`). Both are CLOCK_MONOTONIC seconds read in
 different processes of one host, so the difference needs no clock offset.
 """
 
@@ -27,11 +28,12 @@ def pct(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def proxy_first_tokens(rows: Iterable[Mapping[str, object]]) -> dict[str, float]:
-    """trace id -> first-token instant, from `/api/requests` rows (rows without either are skipped)."""
+def proxy_first_tokens(rows: Iterable[Mapping[str, object]], field: str = "first_token_monotonic") -> dict[str, float]:
+    """trace id -> first-token instant (`field="last_token_monotonic"`: the last token's), from
+    `/api/requests` rows (rows without either are skipped)."""
     out: dict[str, float] = {}
     for r in rows:
-        tid, t = r.get("trace_id"), r.get("first_token_monotonic")
+        tid, t = r.get("trace_id"), r.get(field)
         if isinstance(tid, str) and isinstance(t, (int, float)):
             out[tid] = float(t)
     return out

@@ -1,13 +1,15 @@
 """A minimal, fast, deterministic SSE upstream for the benchmark (not the simulator).
 
 Raw asyncio protocol on uvloop: HTTP/1.1 keep-alive, chunked responses, no framework, so the
-upstream costs little of the shared core and adds no jitter of its own. Each
-`POST .../chat/completions` streams `payload.stream_events(model, max_tokens)`:
+upstream costs little of the shared core and adds no jitter of its own. A streaming `POST` to a
+path ending in `/chat/completions`, `/completions`, `/responses` or `/messages` streams that
+dialect's `payload.stream_parts(api, model, max_tokens)` (chat: `payload.stream_events`):
 
-    t_request         response head + role-only chunk (first byte, not first token)
+    t_request         response head + the events before the first token (chat: the role-only
+                      chunk; first byte, not first token)
     + ttft            token 0
     + i * interval    token i (absolute deadlines: a late tick never shifts later ones)
-    after the last    finish chunk, usage chunk, `data: [DONE]`
+    after the last    the tail (chat: finish chunk, usage chunk, `data: [DONE]`)
 
 Model `bench-hold` stops after token 0 and holds the stream open until `GET /bench/release`
 (the idle-stream memory test). `GET /bench/stats` returns counters as JSON.
@@ -18,7 +20,9 @@ Linux, the clock the proxy stamps its first token with) just before `transport.w
 uvloop sends at once. Not after it: on the 2-vCPU VM the call took 9-11 us at p50 but ~110 us at
 p90 and up to 0.3 ms (the send also wakes the reader), while the bytes were readable early in it:
 a stamp after it made the client's own lag negative at 8 streams.
-`GET /bench/first_tokens` returns them as `{trace_id: seconds}` and forgets them.
+`GET /bench/first_tokens` returns them as `{trace_id: seconds}` and forgets them. The last
+token's write is stamped the same way (before its own `transport.write`; the tail follows in
+writes of its own): `GET /bench/last_tokens`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import orjson
-from payload import run, stream_events
+from payload import api_for_path, run, stream_parts
 
 HOLD_MODEL = "bench-hold"
 SATURATE_MODEL = "bench-saturate"  # first token at 1 ms, then 1 ms apart: the proxy, not the pacing, limits
@@ -46,10 +50,16 @@ _HEAD = (
 )
 
 
+def _frame(event: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
 @lru_cache(maxsize=64)
-def framed_events(model: str, n_tokens: int) -> tuple[bytes, ...]:
-    """Each event already wrapped in its HTTP/1.1 chunk frame."""
-    return tuple(b"%x\r\n%s\r\n" % (len(e), e) for e in stream_events(model, n_tokens))
+def framed_events(api: str, model: str, n_tokens: int) -> tuple[bytes, ...]:
+    """The head's events as one HTTP/1.1 chunk frame each, joined (one write), then each token's
+    and each tail event's frame."""
+    head, tokens, tail = stream_parts(api, model, n_tokens)
+    return (b"".join(map(_frame, head)), *map(_frame, tokens), *map(_frame, tail))
 
 
 @dataclass
@@ -62,6 +72,7 @@ class Stats:
     active: int = 0
     held: set[Stream] = field(default_factory=set)
     first_writes: dict[str, float] = field(default_factory=dict)  # trace id -> token 0 written (perf_counter)
+    last_writes: dict[str, float] = field(default_factory=dict)  # trace id -> the last token written
 
 
 class Stream:
@@ -70,11 +81,19 @@ class Stream:
     __slots__ = ("conn", "frames", "n", "i", "t0", "ttft", "interval", "timer", "hold", "stats", "trace_id")
 
     def __init__(
-        self, conn: Conn, model: str, n_tokens: int, ttft: float, interval: float, stats: Stats, trace_id: str
+        self,
+        conn: Conn,
+        api: str,
+        model: str,
+        n_tokens: int,
+        ttft: float,
+        interval: float,
+        stats: Stats,
+        trace_id: str,
     ) -> None:
         self.conn = conn
         self.trace_id = trace_id  # "" when the request carried no traceparent
-        self.frames = framed_events(model, n_tokens)
+        self.frames = framed_events(api, model, n_tokens)
         self.n = n_tokens
         self.i = 0  # next token index
         self.ttft = ttft
@@ -93,8 +112,11 @@ class Stream:
         if conn.transport.is_closing():
             return
         if self.i < self.n:
-            if self.i == 0 and self.trace_id:
-                self.stats.first_writes[self.trace_id] = time.perf_counter()  # see the module docstring
+            if self.trace_id:
+                if self.i == 0:
+                    self.stats.first_writes[self.trace_id] = time.perf_counter()  # see the module docstring
+                if self.i == self.n - 1:
+                    self.stats.last_writes[self.trace_id] = time.perf_counter()
             conn.transport.write(self.frames[1 + self.i])
             self.i += 1
         if self.i >= self.n:
@@ -201,18 +223,20 @@ class Conn(asyncio.Protocol):
 
     def _handle(self, method: str, target: str, body: bytes, traceparent: str = "") -> None:
         path = target.split("?", 1)[0]
-        if method == "POST" and path.endswith("/chat/completions"):
+        api = api_for_path(path) if method == "POST" else None
+        if api is not None:
             req = orjson.loads(body) if body else {}
             model = str(req.get("model", "bench-model"))
-            n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
+            n = int(req.get("max_tokens") or req.get("max_completion_tokens") or req.get("max_output_tokens") or 16)
             self.stats.requests += 1
-            if not req.get("stream"):
+            if not req.get("stream"):  # the same (chat) body whatever the dialect: only streams are timed
                 self._reply("200 OK", _non_stream(model, n))
                 return
             self.stats.active += 1
             fast = model == SATURATE_MODEL
             self.stream = Stream(
                 self,
+                api,
                 model,
                 n,
                 0.001 if fast else self.ttft,
@@ -228,6 +252,9 @@ class Conn(asyncio.Protocol):
             self._reply("200 OK", orjson.dumps({"released": len(held)}))
         elif path == "/bench/first_tokens":
             writes, self.stats.first_writes = self.stats.first_writes, {}
+            self._reply("200 OK", orjson.dumps(writes))
+        elif path == "/bench/last_tokens":
+            writes, self.stats.last_writes = self.stats.last_writes, {}
             self._reply("200 OK", orjson.dumps(writes))
         elif path == "/bench/stats":
             s = self.stats
