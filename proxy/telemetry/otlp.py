@@ -19,19 +19,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from proxy.telemetry.spandata import SpanData
+from proxy.telemetry.spandata import UNSET, SpanData
 
 __all__ = ["PAUSE_EVERY", "encode_spans", "release_gil"]
 
-_KIND = {
-    SpanKind.INTERNAL: 1,
-    SpanKind.SERVER: 2,
-    SpanKind.CLIENT: 3,
-    SpanKind.PRODUCER: 4,
-    SpanKind.CONSUMER: 5,
-}
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # Span.flags (field 16) and Link.flags (field 6), fixed32: HAS_IS_REMOTE, | IS_REMOTE when remote.
 _LOCAL, _REMOTE = (0x100).to_bytes(4, "little"), (0x300).to_bytes(4, "little")
@@ -208,29 +201,69 @@ def _link(link: Any) -> bytes:
     return b"\x6a" + _len(len(body)) + body
 
 
-def _span(span: SpanData) -> bytes:
-    ctx = span.context
-    parent = span.parent
-    parts = [
-        b"\x0a\x10",
-        ctx.trace_id.to_bytes(16, "big"),
-        b"\x12\x08",
-        ctx.span_id.to_bytes(8, "big"),
-    ]
-    state = ctx.trace_state
+# SpanKind's values (0-4) in order, each as Span.kind (field 6) with OTLP's number (value + 1);
+# indexed by `_value_`: a dict keyed by the member would hash it in Python (Enum.__hash__).
+_KIND_FIELD = tuple(b"\x30" + bytes((kind.value + 1,)) for kind in sorted(SpanKind, key=lambda k: k.value))
+_pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), both set on a finished span
+_NO_STATUS = b"\x7a\x00"
+_OK_STATUS = b"\x7a\x02\x18\x01"
+_ERROR_STATUS = b"\x7a\x02\x18\x02"
+
+
+class _Ids:
+    """Encoded id fields within one batch: a request's spans share a trace id, its children the parent."""
+
+    __slots__ = ("names", "parents", "traces")
+
+    def __init__(self) -> None:
+        self.traces: dict[int, bytes] = {}  # trace id -> its field and the span id's tag
+        self.parents: dict[int, bytes] = {}  # parent span id -> the parent_span_id field
+        self.names: dict[str, bytes] = {}  # span name -> the name field (names repeat: a few per model)
+
+
+def _status(status: Status) -> bytes:
+    code, message = status.status_code, status.description
+    if not message:
+        if code is StatusCode.UNSET:
+            return _NO_STATUS
+        return _OK_STATUS if code is StatusCode.OK else _ERROR_STATUS
+    m = message.encode()
+    body = b"\x12" + _len(len(m)) + m
+    if code is not StatusCode.UNSET:
+        body += b"\x18" + _VARINTS[code.value]
+    return b"\x7a" + _len(len(body)) + body
+
+
+def _span(span: SpanData, ids: _Ids) -> list[bytes]:
+    """The span's fields as pieces to join (the caller frames them: no copy of the whole here)."""
+    trace_id, span_id, _, _, state, _ = span.context  # a tuple: unpacked without its properties
+    head = ids.traces.get(trace_id)
+    if head is None:
+        head = ids.traces[trace_id] = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
+    parts = [head, span_id.to_bytes(8, "big")]
     if state:
         parts.append(_trace_state(state))
+    parent = span.parent
+    remote = False
     if parent is not None:
-        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    name = span.name.encode()
-    if name:
-        parts += (b"\x2a", _len(len(name)), name)
-    parts += (b"\x30", _VARINTS[_KIND[span.kind]])
+        parent_id, remote = parent[1], parent[2]
+        field = ids.parents.get(parent_id)
+        if field is None:
+            field = ids.parents[parent_id] = b"\x22\x08" + parent_id.to_bytes(8, "big")
+        parts.append(field)
+    name = ids.names.get(span.name)
+    if name is None:
+        encoded = span.name.encode()
+        name = ids.names[span.name] = b"\x2a" + _len(len(encoded)) + encoded if encoded else b""
+    parts += (name, _KIND_FIELD[span.kind._value_])
     start, end = span.start_time, span.end_time
-    if start:
-        parts += (b"\x39", _pack_q(start))
-    if end:
-        parts += (b"\x41", _pack_q(end))
+    if start and end:
+        parts.append(_pack_times(0x39, start, 0x41, end))
+    else:
+        if start:
+            parts += (b"\x39", _pack_q(start))
+        if end:
+            parts += (b"\x41", _pack_q(end))
     dropped = span.dropped_attributes
     attributes = span.attributes
     if attributes:
@@ -245,16 +278,8 @@ def _span(span: SpanData) -> bytes:
     if span.links:
         parts += [_link(link) for link in span.links]
     status = span.status
-    code, message = status.status_code.value, status.description
-    body = b""
-    if message:
-        m = message.encode()
-        body = b"\x12" + _len(len(m)) + m
-    if code:
-        body += b"\x18" + _VARINTS[code]
-    parts += (b"\x7a", _len(len(body)), body)
-    parts.append(_SPAN_FLAGS[parent is not None and parent.is_remote])
-    return b"".join(parts)
+    parts += (_NO_STATUS if status is UNSET else _status(status), _SPAN_FLAGS[bool(remote)])
+    return parts
 
 
 def _string(field: bytes, value: str | None) -> bytes:
@@ -303,6 +328,7 @@ def _grouped(
     order of first appearance. Keyed by identity first: all of the proxy's spans share one resource
     and one scope object."""
     by_id: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
+    ids = _Ids()
     for i, span in enumerate(spans, 1):
         if pause is not None and i % PAUSE_EVERY == 0:
             pause()
@@ -314,7 +340,10 @@ def _grouped(
         s = r[1].get(id(scope))
         if s is None:
             s = r[1][id(scope)] = (scope, [])
-        s[1].append(_span(span))
+        parts = _span(span, ids)
+        pieces = s[1]  # framed as ScopeSpans.spans (field 2) here, all joined once at the end
+        pieces.append(b"\x12" + _len(sum(map(len, parts))))
+        pieces += parts
     groups: list[tuple[Any, list[tuple[Any, list[bytes]]]]] = []
     for resource, scopes in by_id.values():
         # equal but distinct objects are one group, as in the library; the group found stays bound
@@ -343,7 +372,7 @@ def encode_spans(spans: Sequence[SpanData], pause: Callable[[], object] | None =
     for group_resource, group_scopes in _grouped(spans, pause):
         body = [_head(group_resource, _resource)]
         for scope, encoded in group_scopes:
-            ss = _head(scope, _scope) + b"".join([b"\x12" + _len(len(e)) + e for e in encoded])
+            ss = _head(scope, _scope) + b"".join(encoded)
             ss += _string(b"\x1a", scope.schema_url if scope else None)
             body.append(_message(b"\x12", ss))
         body.append(_string(b"\x1a", group_resource.schema_url))
