@@ -36,7 +36,7 @@ from proxy.routes import Route
 from proxy.telemetry import propagation
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
-from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData
+from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData, SpanProcessor
 from proxy.telemetry.tracing import SpanLimits, Tracing
 from proxy.timing import RequestTiming, SpanContextValues, SpanStart
 
@@ -50,6 +50,8 @@ Phase = tuple[str, int, int, dict[str, AnyValue], Status | None]
 _RANDOM_TRACE_ID = 0x02  # W3C Trace Context level 2: the trace id's right 7 bytes are random
 _SAMPLED = TraceFlags.SAMPLED
 _EMPTY_STATE = TraceState()
+_FLAGS = tuple(TraceFlags(flags) for flags in range(256))  # each byte's TraceFlags, made once
+_CLIENT, _INTERNAL = SpanKind.CLIENT, SpanKind.INTERNAL
 
 
 class RootSpan:
@@ -356,14 +358,33 @@ class Telemetry:
         # nothing at all is made.
         if processor is None or self.ship or not span.recording or rec.sampling == "dropped":
             return
+        self._end(
+            processor, span.name, span.context, span.parent, span.start_time, span.links, span.attributes, rec,
+            output_text, self._offset_ns if offset is None else offset, resource or self.tracing.resource,
+        )  # fmt: skip
+
+    def _end(
+        self,
+        processor: SpanProcessor,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_time: int,
+        links: tuple[Link, ...],
+        attrs: dict[str, AnyValue],
+        rec: RequestRecord,
+        output_text: str | None,
+        offset: int,
+        resource: Resource,
+    ) -> None:
+        """The root's attributes from the record (into `attrs`, the root's own dict), its phase
+        children and the root itself, to `processor`."""
         t = rec.timing
-        offset = self._offset_ns if offset is None else offset
         status = UNSET
         u = rec.usage
         # Written straight into the root's attributes, in the order they are documented (no
         # second dict merged in, no tuple of pairs built per request): the same keys in the
         # same order as an update() would leave them.
-        attrs = span.attributes
         attrs["http.response.status_code"] = rec.status_code
         attrs["taotrace.duration"] = t.duration
         if rec.response_model is not None:
@@ -418,27 +439,69 @@ class Telemetry:
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             status = Status(StatusCode.ERROR, rec.error_type)
-        resource = resource or self.tracing.resource
-        context = span.context
-        for child in self._children(context, self._phases(rec, offset), resource):
-            processor.on_end(child)
-        attributes, dropped = bounded(attrs, self.tracing.limits)  # within limits: a copy, the root's dict kept
+        tracing = self.tracing
+        if tracing.sampler.follows:
+            self._followers(processor, context, rec, offset, resource)
+        else:
+            for child in self._children(context, self._phases(rec, offset), resource):
+                processor.on_end(child)
+        attributes, dropped = bounded(attrs, tracing.limits)  # within limits: the root's dict itself
         processor.on_end(
             SpanData(
-                span.name,
-                context,
-                span.parent,
-                SpanKind.CLIENT,
-                span.start_time,
-                int(t.end * 1e9) + offset,
-                attributes,
-                resource,
-                self.scope,
-                status,
-                span.links,
-                dropped_attributes=dropped,
+                name, context, parent, _CLIENT, start_time, int(t.end * 1e9) + offset, attributes, resource,
+                self.scope, status, links, (), dropped,
             )
-        )
+        )  # fmt: skip
+
+    def _followers(
+        self, processor: SpanProcessor, parent: SpanContext, rec: RequestRecord, offset: int, resource: Resource
+    ) -> None:
+        """The phase children under a sampler that `follows` (the built-in ones): each sampled with
+        the root's trace state, made straight from the timing (what `_phases` and `_children` make
+        for any sampler, without the list of phases between them)."""
+        t = rec.timing
+        new_span_id = self.tracing.ids.generate_span_id
+        trace_id, state = parent.trace_id, parent.trace_state
+        flags = _FLAGS[_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID)]
+        scope, limits = self.scope, self.tracing.limits
+        net_attrs: dict[str, AnyValue] = {}
+        if t.connection_reused is not None:
+            net_attrs["taotrace.connection.reused"] = t.connection_reused
+        if t.pool_wait is not None:
+            net_attrs["taotrace.pool_wait"] = t.pool_wait
+        if t.dns is not None:
+            net_attrs["taotrace.dns"] = t.dns
+        if t.connect is not None:
+            net_attrs["taotrace.connect"] = t.connect
+        sent = t.sent
+        status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
+        start = int(t.start * 1e9) + offset
+        end = int((t.end if sent is None else sent) * 1e9) + offset
+        attrs, dropped = bounded(net_attrs, limits)
+        processor.on_end(
+            SpanData(
+                "network", SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, start, end,
+                attrs, resource, scope, status, (), (), dropped,
+            )
+        )  # fmt: skip
+        if sent is None or t.first_token is None:
+            return
+        first = int(t.first_token * 1e9) + offset
+        attrs, dropped = bounded({}, limits)
+        processor.on_end(
+            SpanData(
+                "prefill_wait", SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, end,
+                first, attrs, resource, scope, UNSET, (), (), dropped,
+            )
+        )  # fmt: skip
+        last = int(t.last_token * 1e9) + offset if t.last_token is not None else first
+        attrs, dropped = bounded({"taotrace.token_events": t.token_events}, limits)
+        processor.on_end(
+            SpanData(
+                "decode", SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, first, last,
+                attrs, resource, scope, UNSET, (), (), dropped,
+            )
+        )  # fmt: skip
 
     def _children(self, parent: SpanContext, phases: list[Phase], resource: Resource) -> list[SpanData]:
         """The phase children of a sampled root. A sampler that `follows` samples each (the
@@ -502,17 +565,23 @@ class Telemetry:
 
     def replay(self, rec: RequestRecord, resource: Resource | None = None) -> None:
         """The telemetry process's side of ship mode: the root as the serving process started it
-        (same ids, start and attributes), then `finish` as one process would; `resource`: the
+        (same ids, start and attributes), ended as `finish` ends it in one process; `resource`: the
         serving process's own (its `service.instance.id`)."""
         seed = rec.span
-        if seed is None or self.tracing.processor is None:
-            return  # nothing shipped, or no exporter here
+        processor = self.tracing.processor
+        if seed is None or processor is None or rec.sampling == "dropped":
+            return  # nothing shipped, no exporter here, or nothing to make
+        # The root's context straight from the plain values (no RootSpan between them); most
+        # roots carry no trace state: the shared empty one, not a new one each.
+        state = TraceState(list(seed.trace_state)) if seed.trace_state else _EMPTY_STATE
+        context = SpanContext(seed.trace_id, seed.span_id, False, _FLAGS[seed.trace_flags & 0xFF], state)
         parent = None if seed.parent is None else _context(seed.parent)
-        context = _context((seed.trace_id, seed.span_id, seed.trace_flags, False, seed.trace_state))
-        links = tuple(Link(_context(link)) for link in seed.links)
+        links = tuple(Link(_context(link)) for link in seed.links) if seed.links else ()
         attributes: dict[str, AnyValue] = dict(seed.attributes)  # type: ignore[arg-type]
-        root = RootSpan(seed.name, context, parent, attributes, seed.start, links)
-        self.finish(root, rec, seed.output, seed.offset, resource)
+        self._end(
+            processor, seed.name, context, parent, seed.start, links, attributes, rec, seed.output, seed.offset,
+            resource or self.tracing.resource,
+        )  # fmt: skip
 
     def _phases(self, rec: RequestRecord, offset: int) -> list[Phase]:
         """(name, start ns, end ns, attributes, error status) of each phase child."""
