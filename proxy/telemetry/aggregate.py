@@ -13,13 +13,15 @@ What the OpenTelemetry metrics SDK specifies for these two instruments, and no m
   `{otel.metric.overflow: true}`, so the total is right while the attributes are lost.
 
 `record_many` adds a stream's many chunk gaps in one call: one lookup and one lock for all of
-them. Instruments may be recorded from one thread while another collects (a lock each). The clock
+them. An `AttributeSet` carries its lookup key, made once, for a caller that records the same set
+often (`record_set`, `record_many_set`, `add_set`). Instruments may be recorded from one thread while another collects (a lock each). The clock
 (Unix ns) is injected.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from bisect import bisect_left, bisect_right
@@ -32,6 +34,7 @@ from operator import add
 __all__ = [
     "CARDINALITY_LIMIT",
     "OVERFLOW",
+    "AttributeSet",
     "Counter",
     "Histogram",
     "HistogramPoint",
@@ -49,6 +52,29 @@ OVERFLOW: dict[str, str | int | bool] = {"otel.metric.overflow": True}
 _SORTED_FROM = 8  # batches longer than this are counted per bucket from the sorted values
 _Key = frozenset[tuple[str, object]]
 _OVERFLOW_KEY: _Key = frozenset(OVERFLOW.items())
+
+
+def _added_in_order(values: Iterable[float], start: float) -> float:
+    """`start` plus each value, one at a time in the given order: the float sum one-by-one
+    recording gives (the SDK's)."""
+    return reduce(add, values, start)
+
+
+# Before 3.12 the built-in sum adds floats just so (a C double, in order), at a seventh of reduce's
+# cost; from 3.12 it compensates the rounding, a different float than the SDK's.
+_in_order: Callable[[Iterable[float], float], float] = sum if sys.version_info < (3, 12) else _added_in_order
+
+
+@dataclass(frozen=True, slots=True)
+class AttributeSet:
+    """Attributes and their lookup key, made once (`of`) for a set recorded again and again."""
+
+    attributes: Attributes
+    key: _Key
+
+    @classmethod
+    def of(cls, attributes: Attributes) -> AttributeSet:
+        return cls(attributes, frozenset(attributes.items()))
 
 
 class Temporality(IntEnum):
@@ -136,8 +162,6 @@ class _SumState:
 
 def _acceptable(values: Sequence[float]) -> Sequence[float]:
     """The values the SDK would take: non-negative and finite (NaN fails both comparisons)."""
-    if min(values) >= 0 and math.isfinite(sum(values)):
-        return values
     return [v for v in values if 0 <= v < math.inf]
 
 
@@ -192,10 +216,9 @@ class Histogram(_Instrument):
         self.bounds = tuple(float(b) for b in bounds)
         self._states: dict[_Key, _HistogramState] = {}
 
-    def _state(self, attributes: Attributes) -> _HistogramState:
-        """The attribute set's state, made on first use (lock held)."""
+    def _state(self, key: _Key, attributes: Attributes) -> _HistogramState:
+        """The attribute set's state (`key`: its items as a frozenset), made on first use (lock held)."""
         states = self._states
-        key: _Key = frozenset(attributes.items())
         state = states.get(key)
         if state is None:
             key, attributes = self._key(states, attributes)
@@ -205,11 +228,18 @@ class Histogram(_Instrument):
         return state
 
     def record(self, value: float, attributes: Attributes) -> None:
+        self._record(value, frozenset(attributes.items()), attributes)
+
+    def record_set(self, value: float, attributes: AttributeSet) -> None:
+        """`record` with the set's key made once."""
+        self._record(value, attributes.key, attributes.attributes)
+
+    def _record(self, value: float, key: _Key, attributes: Attributes) -> None:
         if not 0 <= value < math.inf:
             self.rejected += 1
             return
         with self._lock:
-            state = self._state(attributes)
+            state = self._state(key, attributes)
             state.counts[bisect_left(self.bounds, value)] += 1
             state.count += 1
             state.total += value
@@ -220,17 +250,27 @@ class Histogram(_Instrument):
 
     def record_many(self, values: Sequence[float], attributes: Attributes) -> None:
         """Each of `values` recorded with `attributes`: one lookup and one lock for all of them."""
+        self._record_many(values, frozenset(attributes.items()), attributes)
+
+    def record_many_set(self, values: Sequence[float], attributes: AttributeSet) -> None:
+        """`record_many` with the set's key made once."""
+        self._record_many(values, attributes.key, attributes.attributes)
+
+    def _record_many(self, values: Sequence[float], key: _Key, attributes: Attributes) -> None:
         if not values:
             return
-        taken = _acceptable(values)
-        if len(taken) != len(values):
+        taken = values
+        ordered = sorted(values)
+        # The sorted values' first is the least (when none is NaN, which the sum tells): no min() pass.
+        if not (ordered[0] >= 0 and math.isfinite(sum(values))):
+            taken = _acceptable(values)
             self.rejected += len(values) - len(taken)
             if not taken:
                 return
+            ordered = sorted(taken)
         bounds = self.bounds
-        ordered = sorted(taken)
         with self._lock:
-            state = self._state(attributes)
+            state = self._state(key, attributes)
             counts = state.counts
             if len(ordered) <= _SORTED_FROM:
                 for v in ordered:
@@ -243,7 +283,7 @@ class Histogram(_Instrument):
                     below = upto
                 counts[-1] += len(ordered) - below
             # Added in the given order, one at a time (in C), as one-by-one recording would: the same float sum.
-            state.total = reduce(add, taken, state.total)
+            state.total = _in_order(taken, state.total)
             state.count += len(ordered)
             if ordered[0] < state.low:
                 state.low = ordered[0]
@@ -288,12 +328,18 @@ class Counter(_Instrument):
         self._states: dict[_Key, _SumState] = {}
 
     def add(self, amount: int | float, attributes: Attributes) -> None:
+        self._add(amount, frozenset(attributes.items()), attributes)
+
+    def add_set(self, amount: int | float, attributes: AttributeSet) -> None:
+        """`add` with the set's key made once."""
+        self._add(amount, attributes.key, attributes.attributes)
+
+    def _add(self, amount: int | float, key: _Key, attributes: Attributes) -> None:
         if not 0 <= amount < math.inf:
             self.rejected += 1
             return
         with self._lock:
             states = self._states
-            key: _Key = frozenset(attributes.items())
             state = states.get(key)
             if state is None:
                 key, attributes = self._key(states, attributes)

@@ -18,11 +18,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from proxy import __version__
 from proxy.dialects import Usage
 from proxy.record import RequestRecord
-from proxy.telemetry.aggregate import Counter, Histogram, temporality_from_env
+from proxy.telemetry.aggregate import AttributeSet, Counter, Histogram, temporality_from_env
 from proxy.telemetry.metric_pipeline import (
     DEFAULT_INTERVAL,
     DEFAULT_TIMEOUT,
@@ -74,6 +75,22 @@ _ERROR_TYPES = frozenset(ERROR_TYPES)
 QUEUE_LIMIT = 100_000  # records waiting for the worker; beyond this they are dropped (and counted)
 POLL_SECONDS = 0.1
 PAUSE_EVERY = 16  # requests recorded before the worker gives the GIL up (see telemetry/otlp.py)
+SETS_KEPT = 4096  # kinds of request whose attribute sets are kept made; past this they are made afresh
+
+# What decides every attribute set a request records under: api, operation, provider, upstream,
+# request and response model labels, error.type.
+_Kind = tuple[str, str, str, str, "str | None", "str | None", str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sets:
+    """The attribute sets of one kind of request (`_Kind`), made once: one lookup per record."""
+
+    failed: AttributeSet  # base, and error.type when it failed: the duration's
+    base: AttributeSet  # the chunk metrics'
+    tokens: tuple[AttributeSet, AttributeSet]  # base with gen_ai.token.type input, output
+    ours: AttributeSet  # base with taotrace.api: our first-token TTFT's
+    phases: tuple[AttributeSet, AttributeSet, AttributeSet]  # ours with taotrace.phase network, prefill_wait, decode
 
 
 def _exporter_from_env(env: Mapping[str, str]) -> MetricExporter | None:
@@ -156,7 +173,8 @@ class GenAIMetrics:
             "pool wait, DNS and connect; relay, per upstream read to the client socket.",
             BUCKETS[PROXY_OVERHEAD],
         )
-        self._stages: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self._stages: dict[str, tuple[AttributeSet, AttributeSet]] = {}
+        self._sets: dict[_Kind, _Sets] = {}
         self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
         self.servers: dict[str, dict[str, str | int]] = {
             name: {"server.address": host, "server.port": port, "taotrace.upstream": name}
@@ -216,41 +234,70 @@ class GenAIMetrics:
         stages = self._stages.get(rec.api)
         if stages is None:
             stages = self._stages[rec.api] = (
-                {"taotrace.api": rec.api, "taotrace.stage": "request"},
-                {"taotrace.api": rec.api, "taotrace.stage": "relay"},
+                AttributeSet.of({"taotrace.api": rec.api, "taotrace.stage": "request"}),
+                AttributeSet.of({"taotrace.api": rec.api, "taotrace.stage": "relay"}),
             )
-        self.overhead.record_many(t.relay, stages[1])
+        self.overhead.record_many_set(t.relay, stages[1])
         if t.overhead_request is not None:
-            self.overhead.record(t.overhead_request, stages[0])
+            self.overhead.record_set(t.overhead_request, stages[0])
         if rec.operation is None:
             return  # not a GenAI operation (`other`): only the proxy's own cost
-        base: dict[str, str | int] = {
-            "gen_ai.operation.name": rec.operation,
-            "gen_ai.provider.name": rec.provider or "openai",
-            **self.servers.get(rec.upstream, self.server),
-        }
-        if rec.model:
-            base["gen_ai.request.model"] = self.models(rec.model)
-        if rec.response_model:
-            base["gen_ai.response.model"] = self.response_models(rec.response_model)
-        failed = base
-        if rec.error_type:
-            failed = {**base, "error.type": rec.error_type if rec.error_type in _ERROR_TYPES else "_OTHER"}
+        error = "" if not rec.error_type else rec.error_type if rec.error_type in _ERROR_TYPES else "_OTHER"
+        kind: _Kind = (
+            rec.api, rec.operation, rec.provider or "openai", rec.upstream,
+            self.models(rec.model) if rec.model else None,
+            self.response_models(rec.response_model) if rec.response_model else None,
+            error,
+        )  # fmt: skip
+        sets = self._sets.get(kind)
+        if sets is None:
+            sets = self._made(kind)
         # The spec: billable counts as reported; never estimated (a counted stream has none).
         u = rec.usage if rec.usage_source == "reported" else None
         for client in self.sets:
-            client.record(rec, failed, base, u)
-        ours = {**base, "taotrace.api": rec.api}
+            client.record(rec, sets, u)
         if t.network is not None:
-            self.phase.record(t.network, {**ours, "taotrace.phase": "network"})
+            self.phase.record_set(t.network, sets.phases[0])
         if not rec.stream:
             return
         if t.ttft is not None:
-            self.ttft.record(t.ttft, ours)
+            self.ttft.record_set(t.ttft, sets.ours)
             if t.prefill_wait is not None:
-                self.phase.record(t.prefill_wait, {**ours, "taotrace.phase": "prefill_wait"})
+                self.phase.record_set(t.prefill_wait, sets.phases[1])
             if t.decode is not None:
-                self.phase.record(t.decode, {**ours, "taotrace.phase": "decode"})
+                self.phase.record_set(t.decode, sets.phases[2])
+
+    def _made(self, kind: _Kind) -> _Sets:
+        """The attribute sets of a kind of request seen for the first time (or since the cache was full)."""
+        api, operation, provider, upstream, model, response_model, error = kind
+        base: dict[str, str | int] = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": provider,
+            **self.servers.get(upstream, self.server),
+        }
+        if model is not None:
+            base["gen_ai.request.model"] = model
+        if response_model is not None:
+            base["gen_ai.response.model"] = response_model
+        ours = {**base, "taotrace.api": api}
+        sets = _Sets(
+            failed=AttributeSet.of({**base, "error.type": error} if error else base),
+            base=AttributeSet.of(base),
+            tokens=(
+                AttributeSet.of({**base, "gen_ai.token.type": "input"}),
+                AttributeSet.of({**base, "gen_ai.token.type": "output"}),
+            ),
+            ours=AttributeSet.of(ours),
+            phases=(
+                AttributeSet.of({**ours, "taotrace.phase": "network"}),
+                AttributeSet.of({**ours, "taotrace.phase": "prefill_wait"}),
+                AttributeSet.of({**ours, "taotrace.phase": "decode"}),
+            ),
+        )
+        if len(self._sets) >= SETS_KEPT:  # bounded: the labels are, but their product need not be small
+            self._sets.clear()
+        self._sets[kind] = sets
+        return sets
 
 
 class _ClientMetrics:
@@ -283,26 +330,19 @@ class _ClientMetrics:
             seconds,
         )
 
-    def record(
-        self,
-        rec: RequestRecord,
-        failed: Mapping[str, str | int],
-        base: Mapping[str, str | int],
-        usage: Usage | None,
-    ) -> None:
-        """One request: duration (`failed`: with error.type), reported tokens, and a stream's chunks."""
+    def record(self, rec: RequestRecord, sets: _Sets, usage: Usage | None) -> None:
+        """One request: duration (with error.type), reported tokens, and a stream's chunks."""
         t = rec.timing
-        self.duration.record(t.duration, failed)
+        self.duration.record_set(t.duration, sets.failed)
         if usage is not None:
-            for kind, count in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+            for count, attributes in zip((usage.input_tokens, usage.output_tokens), sets.tokens, strict=True):
                 if count is None:
                     continue
-                attributes = {**base, "gen_ai.token.type": kind}
                 if self.tokens is not None:
-                    self.tokens.record(count, attributes)
+                    self.tokens.record_set(count, attributes)
                 elif self.token_counter is not None:
-                    self.token_counter.add(count, attributes)
+                    self.token_counter.add_set(count, attributes)
         if rec.stream:
             if t.ttfc is not None:
-                self.ttfc.record(t.ttfc, base)
-            self.tpoc.record_many(t.chunk_gaps, base)
+                self.ttfc.record_set(t.ttfc, sets.base)
+            self.tpoc.record_many_set(t.chunk_gaps, sets.base)
