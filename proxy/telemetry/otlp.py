@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode, TraceState
 
 from proxy.telemetry.spandata import UNSET, SpanData
 
@@ -124,6 +124,18 @@ def _key_value(key: Any, value: Any) -> bytes:
 
 _KV_CACHE: dict[tuple[bytes, str, type, Any], bytes] = {}  # (field, key, value type, value) -> bytes
 _KV_CACHE_MAX = 8192
+_KEY_FIELDS: dict[str, bytes] = {}  # attribute key -> its KeyValue.key field (keys come from a small set)
+_FLOAT_VALUE = b"\x12\x09\x21"  # KeyValue.value: an AnyValue of 9 bytes holding a double
+
+
+def _key_field(key: str) -> bytes:
+    """KeyValue.key (absent when empty, as proto3 writes it), from a cache. Raises UnicodeError."""
+    k = key.encode()
+    field = b"\x0a" + _len(len(k)) + k if k else b""
+    if len(_KEY_FIELDS) >= _KV_CACHE_MAX:
+        _KEY_FIELDS.clear()
+    _KEY_FIELDS[key] = field
+    return field
 
 
 def _attributes(attributes: Mapping[Any, Any], field: bytes) -> bytes:
@@ -135,11 +147,22 @@ def _attributes(attributes: Mapping[Any, Any], field: bytes) -> bytes:
     for key, value in attributes.items():
         t = type(value)
         cacheable = (t is str or t is bool or t is int) and type(key) is str
+        if not cacheable and t is tuple and type(key) is str:
+            # finish reasons, mostly ("stop",): cached when all strings (equal tuples of other
+            # types can differ on the wire: 0.0 and -0.0, 1 and True)
+            cacheable = all([type(v) is str for v in value])
         if cacheable:
             hit = cache.get((field, key, t, value))
             if hit is not None:
                 out.append(hit)
                 continue
+        elif t is float and type(key) is str:  # a duration or a cost: rarely the same twice, never cached
+            try:
+                kf = _KEY_FIELDS.get(key) or _key_field(key)
+            except UnicodeError as error:
+                raise _Unencodable from error
+            out.append(field + _len(len(kf) + 11) + kf + _FLOAT_VALUE + _pack_d(value))
+            continue
         try:
             kv = _key_value(key, value)
         except (_Unencodable, UnicodeError, RecursionError) as error:
@@ -175,10 +198,12 @@ def _attributes_counted(attributes: Mapping[Any, Any] | None, field: bytes) -> t
         return _attributes_skipping(attributes, field)
 
 
-def _trace_state(state: Any) -> bytes:
+def _trace_state(state: TraceState | None) -> bytes:
     if not state:
         return b""
-    s = ",".join([f"{k}={v}" for k, v in state.items()]).encode()
+    # The library's ",".join of f"{k}={v}" over items(); to_header joins the same from the dict
+    # underneath, without the Mapping protocol's Python-level calls per entry.
+    s = state.to_header().encode()
     return b"\x1a" + _len(len(s)) + s
 
 
