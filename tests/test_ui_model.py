@@ -73,6 +73,17 @@ def test_long_streams_keep_their_largest_gaps() -> None:
     assert entry.record.timing.decode == pytest.approx(1499 * 0.01)  # everything else untouched
 
 
+def test_a_long_streams_kept_record_differs_only_in_its_long_series() -> None:
+    rec = record(tokens=400)
+    entry = Ring(10, max_gaps=256).add(rec, now=1.0)
+    kept = entry.record
+    assert kept is not rec and kept.timing is not rec.timing
+    # every other field the very object the record held; the long series compacted or emptied
+    expected = replace(rec, timing=replace(rec.timing, itl=kept.timing.itl, chunk_gaps=(), relay=()))
+    assert kept == expected and len(kept.timing.itl) <= 256 and entry.gaps_per_bar == 2
+    assert [getattr(kept, f) is getattr(rec, f) for f in ("usage", "attributes", "finish_reasons")] == [True] * 3
+
+
 def test_select_filters_and_pages_newest_first() -> None:
     ring = Ring(100)
     ring.add(record(model="a"), 1.0)
