@@ -122,8 +122,14 @@ def _key_value(key: Any, value: Any) -> bytes:
     return (b"\x0a" + _len(len(k)) + k if k else b"") + b"\x12" + _len(len(v)) + v
 
 
-_KV_CACHE: dict[tuple[bytes, str, type, Any], bytes] = {}  # (field, key, value type, value) -> bytes
-_KV_CACHE_MAX = 8192
+# Framed KeyValues whose value repeats (model, provider, server address, status code, token counts):
+# field -> key -> (the value type, value -> bytes). Keyed by the value within its key and type, not by
+# a tuple built per attribute. A key's values of one type are cached (its values have one type in
+# practice: another type takes the slot); a key whose values never repeat (a response id) churns its
+# own slot only, cleared when full.
+_KV_CACHES: dict[bytes, dict[str, tuple[type, dict[Any, bytes]]]] = {}
+_VALUES_PER_KEY = 1024
+_KEYS_MAX = 4096
 _KEY_FIELDS: dict[str, bytes] = {}  # attribute key -> its KeyValue.key field (keys come from a small set)
 _FLOAT_VALUE = b"\x12\x09\x21"  # KeyValue.value: an AnyValue of 9 bytes holding a double
 
@@ -132,7 +138,7 @@ def _key_field(key: str) -> bytes:
     """KeyValue.key (absent when empty, as proto3 writes it), from a cache. Raises UnicodeError."""
     k = key.encode()
     field = b"\x0a" + _len(len(k)) + k if k else b""
-    if len(_KEY_FIELDS) >= _KV_CACHE_MAX:
+    if len(_KEY_FIELDS) >= _KEYS_MAX:
         _KEY_FIELDS.clear()
     _KEY_FIELDS[key] = field
     return field
@@ -143,35 +149,41 @@ def _attributes(attributes: Mapping[Any, Any], field: bytes) -> bytes:
 
     Raises _Unencodable if any attribute cannot be carried (the caller then takes the slow path)."""
     out = []
-    cache = _KV_CACHE
+    keys = _KV_CACHES.get(field)
+    if keys is None:
+        keys = _KV_CACHES[field] = {}
     for key, value in attributes.items():
         t = type(value)
-        cacheable = (t is str or t is bool or t is int) and type(key) is str
-        if not cacheable and t is tuple and type(key) is str:
-            # finish reasons, mostly ("stop",): cached when all strings (equal tuples of other
-            # types can differ on the wire: 0.0 and -0.0, 1 and True)
-            cacheable = all([type(v) is str for v in value])
-        if cacheable:
-            hit = cache.get((field, key, t, value))
-            if hit is not None:
-                out.append(hit)
-                continue
-        elif t is float and type(key) is str:  # a duration or a cost: rarely the same twice, never cached
+        if t is float and type(key) is str:  # a duration or a cost: rarely the same twice, never cached
             try:
                 kf = _KEY_FIELDS.get(key) or _key_field(key)
             except UnicodeError as error:
                 raise _Unencodable from error
             out.append(field + _len(len(kf) + 11) + kf + _FLOAT_VALUE + _pack_d(value))
             continue
+        # Only values whose equal ones encode the same: not floats (0.0 == -0.0), not mixed
+        # tuples ((1,) == (True,)); finish reasons, mostly ("stop",), are all strings.
+        cacheable = t is str or t is bool or t is int or (t is tuple and all([type(v) is str for v in value]))
+        entry = keys.get(key) if cacheable else None
+        if entry is not None and entry[0] is t:
+            hit = entry[1].get(value)
+            if hit is not None:
+                out.append(hit)
+                continue
         try:
             kv = _key_value(key, value)
         except (_Unencodable, UnicodeError, RecursionError) as error:
             raise _Unencodable from error
         kv = field + _len(len(kv)) + kv
-        if cacheable and len(kv) < 256:
-            if len(cache) >= _KV_CACHE_MAX:
-                cache.clear()
-            cache[(field, key, t, value)] = kv
+        if cacheable and len(kv) < 256 and type(key) is str:
+            if entry is None or entry[0] is not t:
+                if len(keys) >= _KEYS_MAX:
+                    keys.clear()
+                entry = keys[key] = (t, {})
+            values = entry[1]
+            if len(values) >= _VALUES_PER_KEY:
+                values.clear()
+            values[value] = kv
         out.append(kv)
     return b"".join(out)
 
@@ -238,9 +250,12 @@ _ERROR_STATUS = b"\x7a\x02\x18\x02"
 class _Ids:
     """Encoded id fields within one batch: a request's spans share a trace id, its children the parent."""
 
-    __slots__ = ("names", "parents", "traces")
+    __slots__ = ("names", "parents", "states", "traces")
 
     def __init__(self) -> None:
+        # id(trace state) -> its field: a request's spans share one object (and most the empty
+        # one), whose truth alone is a Python-level __len__; the batch holds each object alive
+        self.states: dict[int, bytes] = {}
         self.traces: dict[int, bytes] = {}  # trace id -> its field and the span id's tag
         self.parents: dict[int, bytes] = {}  # parent span id -> the parent_span_id field
         self.names: dict[str, bytes] = {}  # span name -> the name field (names repeat: a few per model)
@@ -265,9 +280,10 @@ def _span(span: SpanData, ids: _Ids) -> list[bytes]:
     head = ids.traces.get(trace_id)
     if head is None:
         head = ids.traces[trace_id] = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08"
-    parts = [head, span_id.to_bytes(8, "big")]
-    if state:
-        parts.append(_trace_state(state))
+    encoded_state = ids.states.get(id(state))
+    if encoded_state is None:
+        encoded_state = ids.states[id(state)] = _trace_state(state)
+    parts = [head, span_id.to_bytes(8, "big"), encoded_state]
     parent = span.parent
     remote = False
     if parent is not None:
@@ -354,19 +370,23 @@ def _grouped(
     and one scope object."""
     by_id: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
     ids = _Ids()
+    last: tuple[object, object] | None = None
+    pieces: list[bytes] = []
     for i, span in enumerate(spans, 1):
         if pause is not None and i % PAUSE_EVERY == 0:
             pause()
         resource = span.resource
         scope = span.instrumentation_scope or None
-        r = by_id.get(id(resource))
-        if r is None:
-            r = by_id[id(resource)] = (resource, {})
-        s = r[1].get(id(scope))
-        if s is None:
-            s = r[1][id(scope)] = (scope, [])
+        if last is None or last[0] is not resource or last[1] is not scope:  # the proxy's: one pair
+            last = (resource, scope)
+            r = by_id.get(id(resource))
+            if r is None:
+                r = by_id[id(resource)] = (resource, {})
+            s = r[1].get(id(scope))
+            if s is None:
+                s = r[1][id(scope)] = (scope, [])
+            pieces = s[1]  # framed as ScopeSpans.spans (field 2) here, all joined once at the end
         parts = _span(span, ids)
-        pieces = s[1]  # framed as ScopeSpans.spans (field 2) here, all joined once at the end
         pieces.append(b"\x12" + _len(sum(map(len, parts))))
         pieces += parts
     groups: list[tuple[Any, list[tuple[Any, list[bytes]]]]] = []
