@@ -225,6 +225,7 @@ class _Stopwatch:
 async def _supervise(args: argparse.Namespace) -> dict[str, float]:
     from prometheus_client import CollectorRegistry
 
+    from proxy.lifecycle import settle_heap
     from proxy.settings import Settings
     from proxy.telemetry.tracing import shutdown_tracing
     from proxy.workers.supervisor import supervising
@@ -262,6 +263,7 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
             tracing=tracing, ready_timeout=30,
         ) as group:  # fmt: skip
             assert group.readiness() == "ready"
+            settle_heap()  # as serve_group does once its group is up
             if args.profile:
                 import cProfile
 
