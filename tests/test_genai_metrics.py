@@ -12,6 +12,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -26,6 +27,7 @@ from proxy.telemetry.genai_metrics import (
     build_meter_provider,
     shutdown_meter_provider,
 )
+from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ModelLabels
 from proxy.telemetry.semconv import ENV, SCHEMA_URL_LATEST, SCHEMA_URL_RELEASED, Conventions
 from tests.fakes import (
@@ -360,3 +362,42 @@ async def test_a_refused_export_is_our_collector_line(caplog: pytest.LogCaptureF
     ours = [r.getMessage() for r in caplog.records if r.name == "taotrace"]
     assert ours and ours[0].startswith(f"OTLP export to {sink.url} failed: HTTP 400 Bad Request;"), ours
     assert [r for r in caplog.records if r.name != "taotrace" and r.levelno >= logging.WARNING] == []
+
+
+def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
+    """Sets made once per kind of request (model, error, route, ...) and reused: the points are
+    those of sets made afresh for every record (a cache of 2 kinds is cleared again and again)."""
+    rnd = random.Random(5)
+    kinds: list[tuple[str, str, int, Any, str]] = [  # error types as a worker of another version might send
+        ("chat_completions", "gpt-4o", 200, "", ""),
+        ("chat_completions", "gpt-4o", 429, "rate_limited", ""),
+        ("chat_completions", "gpt-4o", 500, "something_new", ""),  # not one of ours: _OTHER
+        ("responses", "o3", 200, "", "eu"),
+        ("chat_completions", "gpt-4o", 200, "", "eu"),
+    ]
+    records = [
+        replace(record_for(api, model, status, rnd), error_type=error, upstream=route)
+        for _ in range(3)
+        for api, model, status, error, route in kinds
+    ]
+    collected = []
+    for kept in (2, 1000):
+        pipeline = MetricPipeline({}, clock=lambda: 1)
+        genai = GenAIMetrics(
+            pipeline, server_address="api.example", server_port=443, models=ModelLabels(),
+            upstreams={"eu": ("eu.example", 8443)}, sets_kept=kept,
+        )  # fmt: skip
+        for rec in records:
+            genai(rec)
+        genai.stop()
+        collected.append(pipeline.collect())
+    assert collected[0] == collected[1]
+    duration = next(m for s in collected[0] for m in s.metrics if m.name == "gen_ai.client.operation.duration")
+    got = {
+        (p.attributes["gen_ai.request.model"], p.attributes.get("error.type"), p.attributes["server.address"]): p.count
+        for p in duration.points
+    }
+    assert got == {
+        ("gpt-4o", None, "api.example"): 3, ("gpt-4o", "rate_limited", "api.example"): 3,
+        ("gpt-4o", "_OTHER", "api.example"): 3, ("o3", None, "eu.example"): 3, ("gpt-4o", None, "eu.example"): 3,
+    }  # fmt: skip

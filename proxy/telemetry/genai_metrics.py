@@ -146,10 +146,12 @@ class GenAIMetrics:
         queue_limit: int = QUEUE_LIMIT,
         upstreams: Mapping[str, tuple[str, int]] | None = None,
         conventions: Conventions | None = None,
+        sets_kept: int = SETS_KEPT,
     ) -> None:
         """`server_address`/`server_port`: the upstream; `upstreams`: each route's (host, port) by
         its name (`--route`), which wins for a record of that route; `conventions`: which client
-        metric names to record (default: the released ones)."""
+        metric names to record (default: the released ones); `sets_kept`: kinds of request whose
+        attribute sets are kept made."""
         conventions = conventions or Conventions()
         # One meter per convention version: a scope has one schema URL. Ours (taotrace.*) go on the first.
         self.sets = [_ClientMetrics(provider, names) for names in conventions.metrics]
@@ -175,6 +177,7 @@ class GenAIMetrics:
         )
         self._stages: dict[str, tuple[AttributeSet, AttributeSet]] = {}
         self._sets: dict[_Kind, _Sets] = {}
+        self._sets_kept = sets_kept
         self.server: dict[str, str | int] = {"server.address": server_address, "server.port": server_port}
         self.servers: dict[str, dict[str, str | int]] = {
             name: {"server.address": host, "server.port": port, "taotrace.upstream": name}
@@ -294,7 +297,7 @@ class GenAIMetrics:
                 AttributeSet.of({**ours, "taotrace.phase": "decode"}),
             ),
         )
-        if len(self._sets) >= SETS_KEPT:  # bounded: the labels are, but their product need not be small
+        if len(self._sets) >= self._sets_kept:  # bounded: the labels are, but their product need not be small
             self._sets.clear()
         self._sets[kind] = sets
         return sets
