@@ -127,6 +127,7 @@ def create_proxy_app(
         for task in copies:
             task.cancel()
         await asyncio.gather(*copies, return_exceptions=True)
+        forwarder.flush()  # records still queued (see `Finishing`), before the sinks flush at exit
         await asyncio.gather(*(u.pool.close() for u in upstreams))
 
     warnings = RateLimitedLog(logging.getLogger("taotrace"))

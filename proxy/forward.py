@@ -11,6 +11,12 @@ Once the client has the whole answer (the stream's terminal event was written to
 whole body), its leaving is not an abort: many clients close right after `data: [DONE]`. The
 request is recorded as it ended, timed to its last byte written, and the upstream connection
 reads the rest of the body in the background to go back to the pool (`discard_rest`).
+
+A request's bookkeeping (its record, span, metrics, live view: `_finish`) is not done on the
+handler's step that ends it but queued, and the queue drained one record per turn of the event
+loop (`Finishing`): when many streams end together, each one's bookkeeping used to run before
+the next stream's last bytes, already readable, were read and relayed (the last token stamped
++4.1 ms late at p95 with 32 streams). Every instant a record holds is taken before it is queued.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -67,6 +74,61 @@ DRAIN_POLL = 0.005
 
 class _ClientGone(Exception):
     pass
+
+
+class Finishing:
+    """Requests' bookkeeping, queued and done one request per turn of the event loop.
+
+    `add` queues a callable and, if none is scheduled, a drain with `loop.call_soon`; each drain
+    runs one and schedules the next while any are left. A `call_soon` from a loop callback runs
+    only after the loop has polled its sockets again, so bytes that became readable meanwhile on
+    other connections are read and relayed before the next request's bookkeeping (~45 us each).
+    Past `backlog` queued, a drain runs them all: under a burst that never lets the loop idle,
+    records stay bounded and late by at most that many turns. `flush` runs what is left (at exit).
+    """
+
+    __slots__ = ("_backlog", "_queue", "_scheduled")
+
+    def __init__(self, backlog: int = 64) -> None:
+        self._queue: deque[Callable[[], None]] = deque()
+        self._scheduled = False
+        self._backlog = backlog
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def add(self, work: Callable[[], None]) -> None:
+        """Run `work` on a later turn of the running loop (after its next poll of sockets)."""
+        self._queue.append(work)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        queue = self._queue
+        try:
+            if queue:  # empty after a `flush`
+                queue.popleft()()
+            while len(queue) > self._backlog:
+                queue.popleft()()
+        finally:
+            if queue:
+                asyncio.get_running_loop().call_soon(self._drain)
+            else:
+                self._scheduled = False
+
+    def turn(self) -> asyncio.Future[None]:
+        """A future resolved on this queue's turn: a handler awaits it before the end of its
+        response, so the handlers of streams that ended together finish one per turn too."""
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.add(lambda: None if turn.done() else turn.set_result(None))  # done: cancelled (the client left)
+        return turn
+
+    def flush(self) -> None:
+        """Run everything queued now (a drain already scheduled then finds nothing to do)."""
+        queue = self._queue
+        while queue:
+            queue.popleft()()
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +496,8 @@ class Forwarder:
         self.mirror = mirror
         self.mirror_dropped = mirror_dropped
         self.mirrors: set[asyncio.Task[None]] = set()  # copies running; cancelled at shutdown
+        self.finishing = Finishing()  # finished requests whose bookkeeping is still to do
+        self.active = 0  # requests (and mirror copies) between their start and their bookkeeping
 
     def _target(self, request: web.BaseRequest) -> str:
         """Path and query as the client wrote them. Never anything that could change the host."""
@@ -463,6 +527,7 @@ class Forwarder:
         info = request_info(dialect, body, capture_content=self.capture_content, end_user=self.body_user)
         gauge = self.metrics.in_flight.labels(upstream_name, info.api)
         gauge.inc()
+        self.active += 1
         try:
             span = self.telemetry.start(info, request.method, path, query, request.headers, t0, up.route)
         except Exception:  # telemetry must never break a request
@@ -491,9 +556,10 @@ class Forwarder:
             facts = x.facts()
             x.release_upstream()
             gauge.dec()
+            self.active -= 1
             if running is not None:
                 running.discard(x)
-            self._finish(x, facts)
+            self._finish_later(x, facts)
 
     async def _forward(
         self, request: web.BaseRequest, x: _Exchange, pool: UpstreamPool, target: str, body: bytes
@@ -576,6 +642,7 @@ class Forwarder:
             span = NOT_TRACED
         x = _Exchange(primary.method, path, info, PhaseClock(t0), span, {}, to.route, primary.dialect)
         x.pair_id, x.mirror = primary.pair_id, True
+        self.active += 1
         try:
             self.telemetry.inject(span, headers)
             upstream = await to.pool.request(x.method, to.route.base_path + target, headers.items(), body, x.phase)
@@ -598,7 +665,8 @@ class Forwarder:
         finally:
             facts = x.facts()
             x.release_upstream()
-            self._finish(x, facts)
+            self.active -= 1
+            self._finish_later(x, facts)
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.max_body_bytes
@@ -662,17 +730,35 @@ class Forwarder:
             return end
         if relay.failure is not None:
             return "internal"  # on the last read: the client's connection is already cut
+        if self.active > 1 or self.finishing:  # others' bytes may be waiting: see `Finishing`
+            await self.finishing.turn()  # the client has every byte but the final chunk
         try:
             await response.write_eof()
         except ConnectionError:  # the client left after the whole body: nothing was lost
             return "client_left"
         return "complete"
 
-    def _finish(self, x: _Exchange, facts: Facts) -> None:
-        """The request's outcome, decided once from what `x` saw; its record, to every sink."""
+    def _finish_later(self, x: _Exchange, facts: Facts) -> None:
+        """The request's bookkeeping, its end stamped now: queued (see `Finishing`) while other
+        requests are in flight or others are queued; done at once otherwise (no other
+        connection's bytes can be waiting behind it, and the record is there when the client
+        has its answer)."""
+        t_end = self.clock()
+        if self.active or self.finishing:
+            self.finishing.add(lambda: self._finish(x, facts, t_end))
+        else:
+            self._finish(x, facts, t_end)
+
+    def flush(self) -> None:
+        """Record every finished request still queued (at exit, before the sinks flush)."""
+        self.finishing.flush()
+
+    def _finish(self, x: _Exchange, facts: Facts, t_end: float) -> None:
+        """The request's outcome, decided once from what `x` saw; its record, to every sink.
+        `t_end`: when the handler was done with it (the end of a request not timed to its last byte)."""
         try:
             outcome = decide(facts)
-            record, text = self._record(x, outcome)
+            record, text = self._record(x, outcome, t_end)
         except Exception as exc:  # noqa: BLE001 - counted and logged: telemetry never breaks a request
             self.sinks.failed("record", exc)
             return
@@ -682,13 +768,13 @@ class Forwarder:
             self.sinks.failed("spans", exc)
         self.sinks(record)
 
-    def _record(self, x: _Exchange, outcome: Outcome) -> tuple[RequestRecord, str | None]:
+    def _record(self, x: _Exchange, outcome: Outcome, t_done: float) -> tuple[RequestRecord, str | None]:
         """The record of a finished exchange, and the output text (for its span, when captured)."""
         info, phase, relay = x.info, x.phase, x.relay
         reader = relay.reader if relay is not None else None  # None if parsing gave up midway
         copy = relay.copy if relay is not None else None
         last_byte = relay.t_written if relay is not None else None
-        t_end = last_byte if outcome.at_last_byte and last_byte is not None else self.clock()
+        t_end = last_byte if outcome.at_last_byte and last_byte is not None else t_done
         if copy is not None and not outcome.error_type and len(copy) < MAX_BODY_COPY and x.dialect is not None:
             reader = x.dialect.read_body(bytes(copy), self.capture_content)  # a whole (< 400) body
         streaming = info.stream or phase.tokens > 0
