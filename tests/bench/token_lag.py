@@ -13,7 +13,8 @@ arrival stamps stand in: the floor of the measurement on this host.
 
 Arms are interleaved batch by batch (after a discarded warm-up); a batch is C streams started
 together on keep-alive connections. Placement as in `run.py`: the upstream, the OTLP sink and
-this client on core 0, a single-process proxy on core 1, `--workers 2` on both. Results: a table
+this client on core 0, a single-process proxy on core 1, `--workers 2` on both; every process
+at nice -10 when run as root. Results: a table
 on stdout, JSON in tests/bench/results/token_lag-latest.json.
 """
 
@@ -76,8 +77,14 @@ class Arm:
     settle: float = 0.02  # before reading the live view: workers send records in batches
     pool: Pool = field(init=False)
     ui_seq: int = 0
-    lags: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)  # (api, conc, first|last) -> ns
+    # (api, conc, first|last) -> trace id -> the upstream's write; matched with `own` at the end
+    writes: dict[tuple[str, int, str], dict[str, float]] = field(default_factory=dict)
+    own: dict[str, dict[str, float]] = field(default_factory=lambda: {"first": {}, "last": {}})  # the arm's stamps
     errors: int = 0
+
+    def lags(self) -> dict[tuple[str, int, str], list[int]]:
+        """Own stamp minus the upstream's write, ns, per (api, conc, first|last)."""
+        return {key: first_token_lags(ups, self.own[key[2]]) for key, ups in self.writes.items()}
 
     def __post_init__(self) -> None:
         self.pool = Pool("127.0.0.1", self.port)
@@ -95,6 +102,7 @@ class Bench:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     def _start(self, proc: Proc, port: int) -> None:
+        proc.nice = self.args.nice
         self.procs.append(proc.start())
         try:
             wait_port(port, 30.0, proc.popen)
@@ -190,8 +198,7 @@ class Bench:
         arm.pool.release(conns)
         head, tokens, tail = stream_parts(api, MODEL, n)
         expected = b"".join((*head, *tokens, *tail))
-        first_own: dict[str, float] = {}
-        last_own: dict[str, float] = {}
+        first_own, last_own = arm.own["first"], arm.own["last"]
         for i, f in enumerate(futs):
             resp = f.result() if f in done else None
             if resp is None or resp.status != 200 or resp.body != expected:
@@ -201,18 +208,22 @@ class Bench:
                 first_own[tids[i]] = resp.event_times[len(head)] / 1e9
                 last_own[tids[i]] = resp.event_times[len(head) + n - 1] / 1e9
         if not direct:
-            await asyncio.sleep(arm.settle)  # the record reaches the live view
-            got = await self._get(arm.metrics_port, f"/api/requests?limit=1000&since={arm.ui_seq}")
-            rows, seq = got.get("requests"), got.get("last_seq")
-            assert isinstance(rows, list) and isinstance(seq, int), got
-            arm.ui_seq = seq
-            first_own = proxy_first_tokens(rows)
-            last_own = proxy_first_tokens(rows, "last_token_monotonic")
+            await asyncio.sleep(arm.settle)  # the records reach the live view (a late one: at the next read)
+            await self.read_rows(arm)
         up_first, up_last = await self.upstream_writes()
         if record:
-            arm.lags.setdefault((api, conc, "first"), []).extend(first_token_lags(up_first, first_own))
-            arm.lags.setdefault((api, conc, "last"), []).extend(first_token_lags(up_last, last_own))
+            arm.writes.setdefault((api, conc, "first"), {}).update(up_first)
+            arm.writes.setdefault((api, conc, "last"), {}).update(up_last)
         await asyncio.sleep(0.005)
+
+    async def read_rows(self, arm: Arm) -> None:
+        """The arm's live-view rows since the last read: its first- and last-token stamps."""
+        got = await self._get(arm.metrics_port, f"/api/requests?limit=1000&since={arm.ui_seq}")
+        rows, seq = got.get("requests"), got.get("last_seq")
+        assert isinstance(rows, list) and isinstance(seq, int), got
+        arm.ui_seq = seq
+        arm.own["first"].update(proxy_first_tokens(rows))
+        arm.own["last"].update(proxy_first_tokens(rows, "last_token_monotonic"))
 
     async def main(self) -> dict[str, object]:
         for arm in self.arms:  # the live view's cursor: rows from here on
@@ -227,9 +238,13 @@ class Bench:
                     order = self.arms[i % len(self.arms) :] + self.arms[: i % len(self.arms)]
                     for arm in order:
                         await self.batch(arm, api, conc, record=i >= self.args.warmup)
+        await asyncio.sleep(0.2)
+        for arm in self.arms:
+            if arm.metrics_port:
+                await self.read_rows(arm)
         rows = []
         for arm in self.arms:
-            for (api, conc, which), lags in sorted(arm.lags.items()):
+            for (api, conc, which), lags in sorted(arm.lags().items()):
                 expected = self.args.streams // conc * conc
                 rows.append({"arm": arm.name, "api": api, "conc": conc, "token": which, **lag_summary(lags, expected)})
         return {"rows": rows, "errors": {a.name: a.errors for a in self.arms}, "load": os.getloadavg()}
@@ -261,8 +276,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--interval-ms", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "token_lag")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10 if os.geteuid() == 0 else 0,
+        help="niceness of every bench process, as run.py's (other work on the machine delays our wake-ups less)",
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if (os.cpu_count() or 1) >= 2:
+        os.sched_setaffinity(0, {int(LOAD_CPU)})  # this client beside the upstream, off the proxy's core
+    if args.nice:
+        os.nice(args.nice)
     bench = Bench(args)
     result: dict[str, object] = {}
 
