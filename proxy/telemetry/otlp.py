@@ -154,6 +154,15 @@ def _attributes(attributes: Mapping[Any, Any], field: bytes) -> bytes:
         keys = _KV_CACHES[field] = {}
     for key, value in attributes.items():
         t = type(value)
+        # A slot holds values of one cacheable type; looked up before anything else (most
+        # attributes hit). A tuple is looked up only when all strings (hashable, and encoded as
+        # any equal tuple is).
+        entry = keys.get(key)
+        if entry is not None and entry[0] is t and (t is not tuple or all([type(v) is str for v in value])):
+            hit = entry[1].get(value)
+            if hit is not None:
+                out.append(hit)
+                continue
         if t is float and type(key) is str:  # a duration or a cost: rarely the same twice, never cached
             try:
                 kf = _KEY_FIELDS.get(key) or _key_field(key)
@@ -164,12 +173,6 @@ def _attributes(attributes: Mapping[Any, Any], field: bytes) -> bytes:
         # Only values whose equal ones encode the same: not floats (0.0 == -0.0), not mixed
         # tuples ((1,) == (True,)); finish reasons, mostly ("stop",), are all strings.
         cacheable = t is str or t is bool or t is int or (t is tuple and all([type(v) is str for v in value]))
-        entry = keys.get(key) if cacheable else None
-        if entry is not None and entry[0] is t:
-            hit = entry[1].get(value)
-            if hit is not None:
-                out.append(hit)
-                continue
         try:
             kv = _key_value(key, value)
         except (_Unencodable, UnicodeError, RecursionError) as error:
