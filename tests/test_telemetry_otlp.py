@@ -319,6 +319,17 @@ def test_repeated_values_stay_correct_across_many_batches() -> None:
         assert otlp.encode_spans([s]) == library([s]).SerializePartialToString()
 
 
+def test_a_key_whose_values_change_type_is_encoded_as_each_value_is() -> None:
+    """The cache keeps one slot per key for one value type: a value of another type, or a tuple
+    equal to a cached one but not all strings ((1,) and (True,), (0.0,) and (-0.0,)), never takes
+    a cached value's bytes."""
+    values: list[Any] = [1, True, "1", ("1",), (1,), (True,), ("1",), 1.0, -0.0, 0.0, (0.0,), (-0.0,), 1, True]
+    for value in values + values[::-1]:
+        for _ in range(2):  # the second time may come from the cache
+            s = span(attributes={"x": value, "stop": ("stop",)})
+            assert otlp.encode_spans([s]) == library([s]).SerializePartialToString(), value
+
+
 _primitive = st.one_of(
     st.text(),
     st.booleans(),
