@@ -3,6 +3,7 @@ parsers that will read it: prometheus_client's text and OpenMetrics parsers, and
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import shutil
@@ -105,6 +106,47 @@ def test_the_page_follows_new_observations_after_a_cached_render() -> None:
     assert EXEMPLAR_TIME.sub(rb"\1", ours.render(True)) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs))
 
 
+def test_a_change_in_any_group_shows_on_the_next_render() -> None:
+    """Children are rendered in groups, and an unchanged group's piece is reused: a change to
+    any one child, in the first, a middle or the last group, or a new child, is on the next page."""
+    ours, theirs, feed = _pair()
+    models = [f"m{i}" for i in range(3 * ex.GROUP_SIZE + 5)]  # four groups per family
+    for i, model in enumerate(models):
+        feed("t_requests", ("chat", model, "200"), 1, None)
+        feed("t_latency_seconds", ("chat", model), i / 100, f"{i:032x}")
+    assert len(ours.families[0].groups) == 4
+    assert ours.render() == pc.generate_latest(theirs)
+    first = list(ours.pages(openmetrics=True))
+    for model in (models[0], models[ex.GROUP_SIZE + 3], models[-1], "new-model"):
+        feed("t_requests", ("chat", model, "200"), 2, None)
+        feed("t_latency_seconds", ("chat", model), 0.25, "f" * 32)
+        assert ours.render() == pc.generate_latest(theirs), model
+        mine = ours.render(openmetrics=True)
+        assert EXEMPLAR_TIME.sub(rb"\1", mine) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs)), model
+    again = list(ours.pages(openmetrics=True))
+    # the groups no change touched are the very same bytes objects as before: nothing re-rendered
+    kept = sum(a is b for a, b in zip(first, again, strict=False))
+    assert kept >= len(first) - 2 * 4 - 1, (kept, len(first))
+
+
+async def test_a_page_rendered_in_slices_while_requests_are_recorded() -> None:
+    """The scrape renders on the event loop and gives it back between slices: requests recorded
+    in between land in this page or the next, every series stays whole, and nothing is lost."""
+    from proxy.app import render_page
+
+    ours, theirs, feed = _pair()
+    _random_traffic(feed, 300, 3)
+    ticks = iter(range(10**9))
+    rendering = asyncio.ensure_future(render_page(ours.pages, True, clock=lambda: float(next(ticks))))
+    while not rendering.done():  # a slice per piece (the clock passes every deadline)
+        _random_traffic(feed, 1, 4)
+        await asyncio.sleep(0)
+    page = b"".join(rendering.result()).decode()
+    assert page.endswith("# EOF\n")
+    list(parse_openmetrics(page))  # the strict parser: every histogram's buckets, count and sum agree
+    assert ours.render() == pc.generate_latest(theirs)
+
+
 def test_counter_and_gauge_lines_follow_every_change_between_renders() -> None:
     """A counter's or gauge's line is kept from one render to the next while its value stays:
     every change (even one to an equal-looking float, -0.0 after 0.0) is written anew."""
@@ -186,7 +228,7 @@ def _fill(metrics: Metrics, models: int) -> None:
 async def test_metrics_port_serves_both_formats(aiohttp_client) -> None:
     metrics = Metrics(None)
     _fill(metrics, models=2)
-    client = await aiohttp_client(create_metrics_app(metrics.registry.render, lambda: "ready"))
+    client = await aiohttp_client(create_metrics_app(metrics.registry.pages, lambda: "ready"))
     r = await client.get("/metrics")
     assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert {f.name for f in parse_text(await r.text())} >= {"taotrace_requests", "taotrace_tokens"}

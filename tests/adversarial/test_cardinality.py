@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
-import threading
 import time
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -117,15 +117,14 @@ async def test_concurrent_scrapes_share_one_render(upstream) -> None:
             async with session.get(srv.metrics_url + "/metrics") as resp:
                 whole = await resp.read()
 
-    started = threading.Event()
-    release = threading.Event()
+    release = asyncio.Event()
     renders: list[bool] = []
 
-    def render(openmetrics: bool) -> bytes:
+    def render(openmetrics: bool) -> Iterator[bytes]:
         renders.append(openmetrics)
-        started.set()
-        release.wait(10)  # held until every scraper is waiting on it
-        return whole
+        while not release.is_set():  # rendering, until every scraper is waiting on it
+            yield b""
+        yield whole
 
     app = create_metrics_app(render, lambda: "ready")
     runner = web.AppRunner(app)
@@ -142,8 +141,11 @@ async def test_concurrent_scrapes_share_one_render(upstream) -> None:
                     return await resp.read()
 
             scrapes = [asyncio.ensure_future(scrape()) for _ in range(10)]
-            await asyncio.to_thread(started.wait, 10)
-            await asyncio.sleep(0.2)  # let the other nine arrive while the first render is held
+            for _ in range(1000):  # the first render started (it gives the loop back every slice)
+                if renders:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # let the other nine arrive while the first render goes on
             release.set()
             bodies = await asyncio.gather(*scrapes)
     finally:

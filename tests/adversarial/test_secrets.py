@@ -271,16 +271,16 @@ async def test_an_unhandled_error_answers_500_without_its_message(upstream, capl
     from proxy.telemetry.tracing import Tracing
 
     class Broken(Counter):
-        def render_into(self, out: list[bytes], openmetrics: bool) -> None:
+        def render_group(self, children: list[object], openmetrics: bool) -> bytes:
             raise RuntimeError(f"boom {CANARIES['authorization']}")
 
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0)
     caplog.set_level(logging.DEBUG)
     async with running(settings, tracing=Tracing()) as srv:
-        Broken("taotrace_broken", "Raises.", registry=srv.metrics.registry)
+        Broken("taotrace_broken", "Raises.", registry=srv.metrics.registry).labels().inc()
         async with aiohttp.ClientSession() as s, s.get(srv.metrics_url + "/metrics") as resp:
             status, text = resp.status, await resp.read()
     assert status == 500
     assert _leaks(text) == []
-    assert "RuntimeError" in caplog.text and "render_into" in caplog.text  # the stack is kept
+    assert "RuntimeError" in caplog.text and "render_group" in caplog.text  # the stack is kept
     assert _leaks(caplog.text.encode()) == []
