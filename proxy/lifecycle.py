@@ -31,9 +31,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-# The span exporter's thread and the /metrics render thread keep the GIL for up to the switch
-# interval (5 ms by default) before the event loop gets it back, and every stream waits with
-# it. At 1 ms, loop lag p99 under 100 streams/s with a healthy collector fell from 5-7 ms to 2-3.
+# The span exporter's thread keeps the GIL for up to the switch interval (5 ms by default)
+# before the event loop gets it back, and every stream waits with it. At 1 ms, loop lag p99 under 100 streams/s with a healthy collector fell from 5-7 ms to 2-3.
 LOOP_SWITCH_INTERVAL = 0.001  # seconds, for every serving process (one, or a group's workers)
 # The youngest generation is collected when allocations outnumber deallocations by this much.
 # A request's objects live until it ends, so at the default (700) a burst of streams starting
