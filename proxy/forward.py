@@ -117,13 +117,6 @@ class Finishing:
             else:
                 self._scheduled = False
 
-    def turn(self) -> asyncio.Future[None]:
-        """A future resolved on this queue's turn: a handler awaits it before the end of its
-        response, so the handlers of streams that ended together finish one per turn too."""
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.add(lambda: None if turn.done() else turn.set_result(None))  # done: cancelled (the client left)
-        return turn
-
     def flush(self) -> None:
         """Run everything queued now (a drain already scheduled then finds nothing to do)."""
         queue = self._queue
@@ -730,9 +723,7 @@ class Forwarder:
             return end
         if relay.failure is not None:
             return "internal"  # on the last read: the client's connection is already cut
-        if self.active > 1 or self.finishing:  # others' bytes may be waiting: see `Finishing`
-            await self.finishing.turn()  # the client has every byte but the final chunk
-        try:
+        try:  # at once: the end of a response never waits for anyone's bookkeeping
             await response.write_eof()
         except ConnectionError:  # the client left after the whole body: nothing was lost
             return "client_left"
