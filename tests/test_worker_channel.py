@@ -453,6 +453,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.e2e
 async def test_a_worker_killed_mid_batch_counts_its_requests_in_flight_as_lost(tmp_path: Path) -> None:
     settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1)
     root = str(Path(__file__).resolve().parent.parent)
