@@ -251,3 +251,28 @@ def test_labels_finds_one_child_however_the_values_are_given() -> None:
     assert len(counter.children) == 1
     with pytest.raises(ValueError, match="expected labels"):
         counter.labels("chat")
+
+
+def test_a_histogram_observed_between_two_renders_shows_the_new_counts() -> None:
+    # Each histogram child keeps its rendered lines while it is unchanged: every kind of
+    # observation (one value, many, with and without an exemplar) must drop them.
+    ours, theirs, feed = _pair()
+    _random_traffic(feed, 50, seed=4)
+    for step in range(6):
+        assert ours.render() == pc.generate_latest(theirs)
+        first = ours.render(openmetrics=True)
+        assert EXEMPLAR_TIME.sub(rb"\1", first) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs))
+        trace = f"{step + 1:032x}" if step % 2 else None
+        feed("t_latency_seconds", ("chat", MODELS[step]), 0.3 * step, trace)
+        after = ours.render(openmetrics=True)
+        assert after != first
+        assert EXEMPLAR_TIME.sub(rb"\1", after) == EXEMPLAR_TIME.sub(rb"\1", pc_openmetrics(theirs))
+    registry = ex.Registry()
+    child = ex.Histogram("h", "h", ("m",), buckets=(0.1, 1.0), registry=registry).labels("a")
+    assert b'h_count{m="a"} 0.0' in registry.render()
+    child.observe_many([0.05, 0.5, 5.0])  # a stream's gaps, all at once
+    assert b'h_count{m="a"} 3.0' in registry.render()
+    assert b'h_bucket{le="1.0",m="a"} 2.0' in registry.render(openmetrics=True)
+    child.observe_many([0.7], {"trace_id": "ab" * 16})
+    assert b'h_bucket{le="1.0",m="a"} 3.0 # {trace_id="' + b"ab" * 16 in registry.render(openmetrics=True)
+
