@@ -275,4 +275,3 @@ def test_a_histogram_observed_between_two_renders_shows_the_new_counts() -> None
     assert b'h_bucket{le="1.0",m="a"} 2.0' in registry.render(openmetrics=True)
     child.observe_many([0.7], {"trace_id": "ab" * 16})
     assert b'h_bucket{le="1.0",m="a"} 3.0 # {trace_id="' + b"ab" * 16 in registry.render(openmetrics=True)
-
