@@ -464,15 +464,7 @@ class Telemetry:
         trace_id, state = parent.trace_id, parent.trace_state
         flags = _FLAGS[_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID)]
         scope, limits = self.scope, self.tracing.limits
-        net_attrs: dict[str, AnyValue] = {}
-        if t.connection_reused is not None:
-            net_attrs["taotrace.connection.reused"] = t.connection_reused
-        if t.pool_wait is not None:
-            net_attrs["taotrace.pool_wait"] = t.pool_wait
-        if t.dns is not None:
-            net_attrs["taotrace.dns"] = t.dns
-        if t.connect is not None:
-            net_attrs["taotrace.connect"] = t.connect
+        net_attrs = _network_attributes(t)
         sent = t.sent
         status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
         start = int(t.start * 1e9) + offset
@@ -590,15 +582,7 @@ class Telemetry:
         def ns(t: float) -> int:
             return int(t * 1e9) + offset
 
-        net_attrs: dict[str, AnyValue] = {}
-        if t.connection_reused is not None:
-            net_attrs["taotrace.connection.reused"] = t.connection_reused
-        if t.pool_wait is not None:
-            net_attrs["taotrace.pool_wait"] = t.pool_wait
-        if t.dns is not None:
-            net_attrs["taotrace.dns"] = t.dns
-        if t.connect is not None:
-            net_attrs["taotrace.connect"] = t.connect
+        net_attrs = _network_attributes(t)
         status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and t.sent is None else None
         start = ns(t.start)
         phases = [("network", start, ns(t.sent) if t.sent is not None else ns(t.end), net_attrs, status)]
@@ -608,3 +592,17 @@ class Telemetry:
             last = ns(t.last_token) if t.last_token is not None else first
             phases.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None))
         return phases
+
+
+def _network_attributes(t: RequestTiming) -> dict[str, AnyValue]:
+    """The `network` span's connection steps, each only when it was measured."""
+    attrs: dict[str, AnyValue] = {}
+    if t.connection_reused is not None:
+        attrs["taotrace.connection.reused"] = t.connection_reused
+    if t.pool_wait is not None:
+        attrs["taotrace.pool_wait"] = t.pool_wait
+    if t.dns is not None:
+        attrs["taotrace.dns"] = t.dns
+    if t.connect is not None:
+        attrs["taotrace.connect"] = t.connect
+    return attrs

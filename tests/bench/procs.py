@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -147,3 +148,23 @@ class Proc:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+async def http_get(port: int, path: str) -> bytes:
+    """The body of `GET path` on 127.0.0.1:port (one connection, closed after; chunked decoded)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+    data = await asyncio.wait_for(reader.read(-1), 30)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        out, pos = bytearray(), 0
+        while True:
+            eol = body.find(b"\r\n", pos)
+            size = int(body[pos:eol], 16)
+            if size == 0:
+                break
+            out += body[eol + 2 : eol + 2 + size]
+            pos = eol + 2 + size + 2
+        body = bytes(out)
+    return body

@@ -56,7 +56,7 @@ sys.path.insert(0, str(HERE))
 
 from client import HOLD_MODEL, MODEL, SATURATE_MODEL, Pool, StreamStats, analyse, request_bytes  # noqa: E402
 from payload import run as aio_run  # noqa: E402
-from procs import Proc, free_port, wait_port  # noqa: E402
+from procs import Proc, free_port, http_get, wait_port  # noqa: E402
 from samples import batch_spread, first_token_lags, lag_summary, pct, proxy_first_tokens  # noqa: E402
 
 PY = sys.executable
@@ -664,35 +664,16 @@ class Bench:
 # --------------------------------------------------------------------------------------- tiny http
 
 
-async def _http_get(port: int, path: str) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
-    data = await asyncio.wait_for(reader.read(-1), 30)
-    writer.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    if b"transfer-encoding: chunked" in head.lower():
-        out, pos = bytearray(), 0
-        while True:
-            eol = body.find(b"\r\n", pos)
-            size = int(body[pos:eol], 16)
-            if size == 0:
-                break
-            out += body[eol + 2 : eol + 2 + size]
-            pos = eol + 2 + size + 2
-        body = bytes(out)
-    return body
-
-
 async def http_get_json(port: int, path: str) -> dict[str, object]:
     try:
-        return json.loads(await _http_get(port, path))
+        return json.loads(await http_get(port, path))
     except (OSError, ValueError, asyncio.TimeoutError) as exc:
         return {"error": repr(exc)}
 
 
 async def http_get_text(port: int, path: str) -> str:
     try:
-        return (await _http_get(port, path)).decode(errors="replace")
+        return (await http_get(port, path)).decode(errors="replace")
     except (OSError, asyncio.TimeoutError):
         return ""
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 import orjson  # noqa: E402
 from client import Pool  # noqa: E402
 from payload import APIS, PATHS, run, stream_parts  # noqa: E402
-from procs import Proc, free_port, wait_port  # noqa: E402
+from procs import Proc, free_port, http_get, wait_port  # noqa: E402
 from samples import first_token_lags, lag_summary, proxy_first_tokens  # noqa: E402
 
 PY = sys.executable
@@ -153,22 +153,7 @@ class Bench:
             proc.stop()
 
     async def _get(self, port: int, path: str) -> dict[str, object]:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
-        data = await asyncio.wait_for(reader.read(-1), 30)
-        writer.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        if b"transfer-encoding: chunked" in head.lower():
-            out, pos = bytearray(), 0
-            while True:
-                eol = body.find(b"\r\n", pos)
-                size = int(body[pos:eol], 16)
-                if size == 0:
-                    break
-                out += body[eol + 2 : eol + 2 + size]
-                pos = eol + 2 + size + 2
-            body = bytes(out)
-        got = json.loads(body)
+        got = json.loads(await http_get(port, path))
         assert isinstance(got, dict)
         return got
 
