@@ -182,7 +182,11 @@ def test_a_dead_collector_fails_within_the_timeout_without_raising() -> None:
     assert ours.dropped == len(SPANS)
 
 
-def test_shutdown_ends_a_back_off_at_once(collector: Collector) -> None:
+def test_shutdown_ends_a_back_off_at_once(collector: Collector, caplog: pytest.LogCaptureFixture) -> None:
+    """... and the export it ends is the exit's loss, said by the exit's own line: no warning of
+    the exporter's, which could come after the collector's warnings stopped being ours (a raw
+    line on stderr)."""
+    caplog.set_level(logging.DEBUG)
     collector.script = [(503, {"Retry-After": "30"})]
     ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_EXPORTER_OTLP_TIMEOUT": "60"})
     result: list[bool] = []
@@ -196,6 +200,8 @@ def test_shutdown_ends_a_back_off_at_once(collector: Collector) -> None:
     ours.shutdown()
     worker.join(10)
     assert result == [False]
+    given_up = [r for r in caplog.records if r.getMessage().startswith("Failed to export")]
+    assert [r.levelno for r in given_up] == [logging.DEBUG], caplog.text
 
 
 async def test_the_collector_line_names_the_status(collector: Collector, caplog: pytest.LogCaptureFixture) -> None:

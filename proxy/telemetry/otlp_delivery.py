@@ -83,8 +83,11 @@ class Delivery:
 
     def _failed(self, sent: Sent) -> None:
         # The noun, status and exception go in the arguments: CollectorLog reads the signal and
-        # the cause from them.
-        _logger.warning("Failed to export %s to %s: %s %s", self._noun, self._where, sent.status, sent.error)
+        # the cause from them. After `shutdown` the failure is the exit's own (its line says what
+        # was lost), and the last export can end after CollectorLog is gone: DEBUG, or a raw
+        # line with the exception's repr would reach stderr.
+        level = logging.DEBUG if self._stopped.is_set() else logging.WARNING
+        _logger.log(level, "Failed to export %s to %s: %s %s", self._noun, self._where, sent.status, sent.error)
 
     def shutdown(self) -> None:
         """Ends a back-off wait at once; later sends fail after one attempt at most."""
