@@ -83,8 +83,8 @@ class Finishing:
     runs one and schedules the next while any are left. A `call_soon` from a loop callback runs
     only after the loop has polled its sockets again, so bytes that became readable meanwhile on
     other connections are read and relayed before the next request's bookkeeping (~45 us each).
-    Past `backlog` queued, a drain runs them all: under a burst that never lets the loop idle,
-    records stay bounded and late by at most that many turns. `flush` runs what is left (at exit).
+    Past `backlog` queued, a drain also runs the excess: under a burst that never lets the loop
+    idle, the queue stays bounded and a record is late by at most that many turns. `flush` runs what is left (at exit).
     """
 
     __slots__ = ("_backlog", "_queue", "_scheduled")
