@@ -93,10 +93,14 @@ def telemetry_for(
 
 
 def genai_metrics_for(
-    settings: Settings, meters: MetricPipeline, models: ModelLabels, env: Mapping[str, str] | None = None
+    settings: Settings,
+    meters: MetricPipeline,
+    models: ModelLabels,
+    env: Mapping[str, str] | None = None,
+    serving: bool = True,
 ) -> GenAIMetrics:
     """The OTLP GenAI metrics observer; `server.*` per route; the convention names
-    `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for."""
+    `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for; `serving`: as `Reporting`'s."""
     upstream = upstream_url(settings.upstream)
     return GenAIMetrics(
         meters,
@@ -105,6 +109,7 @@ def genai_metrics_for(
         models=models,
         upstreams={r.name: (r.host, r.port) for r in routes_for(settings.upstream, settings.routes)},
         conventions=Conventions.from_env(os.environ if env is None else env),
+        yield_gil=serving,
     )
 
 
@@ -121,14 +126,19 @@ class Reporting:
         meter_provider: MetricPipeline | None = None,
         tracing: Tracing | None = None,
         env: Mapping[str, str] = os.environ,
+        serving: bool = True,
     ) -> None:
         """`tracing` / `meter_provider`: where spans and OTLP metrics go; by default
-        built from `env`'s `OTEL_*` (OTLP metrics: none unless `OTEL_METRICS_EXPORTER` asks)."""
+        built from `env`'s `OTEL_*` (OTLP metrics: none unless `OTEL_METRICS_EXPORTER` asks).
+        `serving`: this process's loop relays streams, so the telemetry threads give it the GIL
+        every few spans or requests; False in a group's supervisor, whose loop only takes records."""
         self.settings = settings
         self.registry = CollectorRegistry() if registry is None else registry
         self.metrics = metrics_for(settings, accounting, self.registry)
         self._own_tracing = tracing is None
-        self.tracing = build_tracing(env, on_drop=self.metrics.span_dropped) if tracing is None else tracing
+        self.tracing = (
+            build_tracing(env, on_drop=self.metrics.span_dropped, serving=serving) if tracing is None else tracing
+        )
         self._own_meters = meter_provider is None
         self.meters = build_meter_provider(env) if meter_provider is None else meter_provider
         self.telemetry = telemetry_for(settings, self.tracing, env=env)
@@ -137,7 +147,7 @@ class Reporting:
         observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]
         self.genai: GenAIMetrics | None = None
         if self.meters is not None:
-            self.genai = genai_metrics_for(settings, self.meters, self.metrics.models, env)
+            self.genai = genai_metrics_for(settings, self.meters, self.metrics.models, env, serving)
             observers.append(Named("genai_metrics", self.genai))
         self.live: LiveView | None = None
         if settings.ui:

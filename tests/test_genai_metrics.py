@@ -401,3 +401,18 @@ def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
         ("gpt-4o", None, "api.example"): 3, ("gpt-4o", "rate_limited", "api.example"): 3,
         ("gpt-4o", "_OTHER", "api.example"): 3, ("o3", None, "eu.example"): 3, ("gpt-4o", None, "eu.example"): 3,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_only_a_serving_process_gives_the_gil_back_while_it_records(serving: bool) -> None:
+    """As the span exporter: a group's supervisor records without stepping aside for its loop."""
+    from proxy.reporting import genai_metrics_for
+
+    provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "console"})
+    assert provider is not None
+    genai = genai_metrics_for(Settings(upstream="http://h:1"), provider, ModelLabels(), {}, serving=serving)
+    try:
+        assert genai.yield_gil is serving
+    finally:
+        genai.stop()
+        shutdown_meter_provider(provider, 1.0)

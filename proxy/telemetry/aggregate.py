@@ -31,6 +31,8 @@ from enum import IntEnum
 from functools import reduce
 from operator import add
 
+from proxy.series import Binned
+
 __all__ = [
     "CARDINALITY_LIMIT",
     "OVERFLOW",
@@ -248,16 +250,19 @@ class Histogram(_Instrument):
             if value > state.high:
                 state.high = value
 
-    def record_many(self, values: Sequence[float], attributes: Attributes) -> None:
+    def record_many(self, values: Sequence[float] | Binned, attributes: Attributes) -> None:
         """Each of `values` recorded with `attributes`: one lookup and one lock for all of them."""
         self._record_many(values, frozenset(attributes.items()), attributes)
 
-    def record_many_set(self, values: Sequence[float], attributes: AttributeSet) -> None:
+    def record_many_set(self, values: Sequence[float] | Binned, attributes: AttributeSet) -> None:
         """`record_many` with the set's key made once."""
         self._record_many(values, attributes.key, attributes.attributes)
 
-    def _record_many(self, values: Sequence[float], key: _Key, attributes: Attributes) -> None:
+    def _record_many(self, values: Sequence[float] | Binned, key: _Key, attributes: Attributes) -> None:
         if not values:
+            return
+        if isinstance(values, Binned):
+            self._add_binned(values, key, attributes)
             return
         taken = values
         ordered = sorted(values)
@@ -289,6 +294,24 @@ class Histogram(_Instrument):
                 state.low = ordered[0]
             if ordered[-1] > state.high:
                 state.high = ordered[-1]
+
+    def _add_binned(self, binned: Binned, key: _Key, attributes: Attributes) -> None:
+        """A worker's series, counted there (only finite values >= 0 are binned: none to reject).
+        Its sum is added as one number, where one process adds value by value: the total may
+        differ from that in the last digits."""
+        if binned.edges != self.bounds:
+            raise ValueError(f"{self.name}: a series binned for other buckets")
+        with self._lock:
+            state = self._state(key, attributes)
+            counts = state.counts
+            for i, n in binned.pairs():
+                counts[i] += n
+            state.total += binned.sum
+            state.count += binned.count
+            if binned.low < state.low:
+                state.low = binned.low
+            if binned.high > state.high:
+                state.high = binned.high
 
     def collect(self) -> MetricData | None:
         """The points since the start (cumulative) or the previous collection (delta); None when there are none."""

@@ -96,7 +96,10 @@ class BatchSpanProcessor:
         max_export_batch_size: int = 512,
         export_timeout: float = 30.0,
         on_drop: OnDrop | None = None,
+        pause: Callable[[], None] | None = release_gil,
     ) -> None:
+        """`pause`: called between two batches of one round (by default the GIL is given to the
+        event loop); None where no loop relays streams (a group's supervisor)."""
         if max_queue_size <= 0 or max_export_batch_size <= 0 or schedule_delay <= 0 or export_timeout <= 0:
             raise ValueError("batch processor limits must be positive")
         self.exporter = exporter
@@ -107,6 +110,7 @@ class BatchSpanProcessor:
         # kept for the spec's variable and shown to whoever builds the exporter.
         self.export_timeout = export_timeout
         self._on_drop = on_drop
+        self._pause = pause
         self._next_full_warning = 0.0
         self._stopping = False
         self._start()
@@ -122,7 +126,11 @@ class BatchSpanProcessor:
 
     @classmethod
     def from_env(
-        cls, exporter: SpanExporter, env: Mapping[str, str], on_drop: OnDrop | None = None
+        cls,
+        exporter: SpanExporter,
+        env: Mapping[str, str],
+        on_drop: OnDrop | None = None,
+        pause: Callable[[], None] | None = release_gil,
     ) -> BatchSpanProcessor:
         """Limits from the OTEL_BSP_* variables (see `batch_settings`)."""
         s = batch_settings(env)
@@ -133,6 +141,7 @@ class BatchSpanProcessor:
             max_export_batch_size=s.max_export_batch_size,
             export_timeout=s.export_timeout,
             on_drop=on_drop,
+            pause=pause,
         )
 
     def _restart_in_child(self) -> None:
@@ -230,8 +239,8 @@ class BatchSpanProcessor:
             batch = [queue.popleft() for _ in range(n)]
             left -= n
             self._export(batch)
-            if left:
-                release_gil()  # between batches, let the event loop in
+            if left and self._pause is not None:
+                self._pause()  # between batches, let the event loop in
 
     def _export(self, batch: list[SpanData]) -> None:
         try:

@@ -29,6 +29,8 @@ from prometheus_client import utils
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Exemplar
 
+from proxy.series import Binned
+
 __all__ = [
     "Counter",
     "Gauge",
@@ -320,15 +322,19 @@ class _Buckets:
         if new:  # after the exemplar is in: a render in another thread reads positions first
             self.positions = tuple(sorted(self.exemplars))
 
-    def observe_many(self, values: Sequence[float], exemplar: dict[str, str] | None = None) -> None:
+    def observe_many(self, values: Sequence[float] | Binned, exemplar: dict[str, str] | None = None) -> None:
         """`observe(v)` for each value, one pass per bucket touched; `exemplar` goes with the
-        largest value (a stream's slowest gap is the one worth opening as a trace).
+        largest value (a stream's slowest gap is the one worth opening as a trace). A `Binned`
+        series (a worker's) adds its counts.
 
         Sorted (in C), the values of one bucket are a run: two bisects count it, so a stream's
         gaps, which fall in a few buckets, cost a sort rather than a Python step per value
         (0.4 vs 1.8 µs for 19 relay timings, 7.6 vs 24 µs for 255 gaps; tests/bench/finish_micro.py).
         """
         if not values:
+            return
+        if isinstance(values, Binned):
+            self._add_binned(values, exemplar)
             return
         bounds, counts = self.bounds, self.counts
         ordered = sorted(values)
@@ -343,6 +349,19 @@ class _Buckets:
         self.group.version += 1
         if exemplar is not None:
             largest = ordered[-1]
+            self._exemplar(bisect_left(bounds, largest), largest, exemplar)
+
+    def _add_binned(self, binned: Binned, exemplar: dict[str, str] | None) -> None:
+        bounds, counts = self.bounds, self.counts
+        if binned.edges != bounds[:-1]:  # +Inf is ours only
+            raise ValueError(f"{self.name}: a series binned for other buckets")
+        for i, n in binned.pairs():
+            counts[i] += n
+        self.sum += binned.sum
+        self.version += 1
+        self.group.version += 1
+        if exemplar is not None:
+            largest = binned.high
             self._exemplar(bisect_left(bounds, largest), largest, exemplar)
 
     def render(self, openmetrics: bool) -> bytes:

@@ -147,11 +147,13 @@ class GenAIMetrics:
         upstreams: Mapping[str, tuple[str, int]] | None = None,
         conventions: Conventions | None = None,
         sets_kept: int = SETS_KEPT,
+        yield_gil: bool = True,
     ) -> None:
         """`server_address`/`server_port`: the upstream; `upstreams`: each route's (host, port) by
         its name (`--route`), which wins for a record of that route; `conventions`: which client
         metric names to record (default: the released ones); `sets_kept`: kinds of request whose
-        attribute sets are kept made."""
+        attribute sets are kept made; `yield_gil`: give the GIL up every `PAUSE_EVERY` requests
+        recorded (for a loop that relays streams; not in a group's supervisor)."""
         conventions = conventions or Conventions()
         # One meter per convention version: a scope has one schema URL. Ours (taotrace.*) go on the first.
         self.sets = [_ClientMetrics(provider, names) for names in conventions.metrics]
@@ -189,6 +191,7 @@ class GenAIMetrics:
         self.models = models
         self.response_models = response_models or ModelLabels(models.allowlist, models.limit)
         self.queue_limit = queue_limit
+        self.yield_gil = yield_gil
         self.dropped = 0
         self._queue: deque[RequestRecord] = deque()
         self._drain_lock = threading.Lock()
@@ -219,7 +222,7 @@ class GenAIMetrics:
                 except Exception:  # one odd record must not stop the worker
                     log.exception("could not record GenAI metrics for one request")
                 recorded += 1
-                if recorded % PAUSE_EVERY == 0:
+                if self.yield_gil and recorded % PAUSE_EVERY == 0:
                     time.sleep(0)  # let the event loop have the GIL between requests
 
     def stop(self, timeout: float = 2.0) -> None:

@@ -35,8 +35,12 @@ class OtlpSpanExporter:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
+        pause: Callable[[], None] | None = otlp.release_gil,
     ) -> None:
+        """`pause`: called every `otlp.PAUSE_EVERY` spans encoded (by default the GIL is given to
+        the event loop); None where no loop relays streams (a group's supervisor)."""
         self.settings = settings
+        self._pause = pause
         self._delivery = Delivery(settings, "traces", transport, monotonic=monotonic, jitter=jitter)
         self.dropped = 0  # spans in batches given up (read by tests and the CHANGELOG's promise)
 
@@ -45,7 +49,7 @@ class OtlpSpanExporter:
         if self._delivery.stopped:
             return False
         try:
-            body = otlp.encode_spans(spans, otlp.release_gil)
+            body = otlp.encode_spans(spans, self._pause)
         except Exception as error:  # noqa: BLE001 - not a span (a bug upstream of here): failed, never raised
             _logger.error("Failed to encode span batch: %s", type(error).__name__)
             self.dropped += len(spans)

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from proxy import __version__
 from proxy.telemetry.batch_processor import BatchSpanProcessor
+from proxy.telemetry.otlp import release_gil
 from proxy.telemetry.otlp_env import export_settings, resource_attributes, traces_exporter
 from proxy.telemetry.sampler import DEFAULT, Sampler, sampler_from_env
 from proxy.telemetry.span_exporter import OtlpSpanExporter
@@ -110,14 +111,14 @@ class Tracing:
     limits: SpanLimits = SpanLimits()
 
 
-def _exporter(env: Mapping[str, str]) -> SpanExporter | None:
+def _exporter(env: Mapping[str, str], pause: Callable[[], None] | None) -> SpanExporter | None:
     kind = traces_exporter(env)
     if kind == "console":
         return ConsoleSpanExporter()
     if kind != "otlp":
         return None
     settings = export_settings(env, "traces")
-    return None if settings is None else OtlpSpanExporter(settings)
+    return None if settings is None else OtlpSpanExporter(settings, pause=pause)
 
 
 def build_tracing(
@@ -125,16 +126,21 @@ def build_tracing(
     *,
     export: bool = True,
     on_drop: Callable[[str, int], None] | None = None,
+    serving: bool = True,
 ) -> Tracing:
     """Tracing as the standard variables ask. `export=False`: ids and sampling only (a serving
-    process whose spans the telemetry process exports). `on_drop(reason, n)`: spans lost."""
+    process whose spans the telemetry process exports). `on_drop(reason, n)`: spans lost.
+    `serving=False`: no event loop here relays streams (a group's supervisor), so the export
+    thread keeps the GIL for a whole batch instead of giving it back every few spans (which
+    starved it behind a busy loop: spans dropped from a full queue)."""
     env = os.environ if env is None else env
-    exporter = _exporter(env) if export else None
+    pause = release_gil if serving else None
+    exporter = _exporter(env, pause) if export else None
     processor: SpanProcessor | None = None
     if exporter is not None:
         # Batched on a thread (the console's too: printing never runs on the event loop); a full
         # queue drops (and counts) rather than blocking a request.
-        processor = BatchSpanProcessor.from_env(exporter, env, on_drop)
+        processor = BatchSpanProcessor.from_env(exporter, env, on_drop, pause)
     return Tracing(
         processor=processor, sampler=sampler_from_env(env), resource=resource_from_env(env), limits=limits_from_env(env)
     )

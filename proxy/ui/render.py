@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from proxy.series import Binned
 from proxy.ui.ring import SERIES, Entry
 
 __all__ = ["detail", "row"]
@@ -147,5 +148,9 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
             "ttft": t.ttft,
             "last_byte": t.time_to_last_byte,
         },
-        "gaps": {"values": list(t.itl), "per_bar": e.gaps_per_bar, "count": max(0, t.token_events - 1)},
+        "gaps": {
+            "values": list(t.itl.kept if isinstance(t.itl, Binned) else t.itl),
+            "per_bar": e.gaps_per_bar,
+            "count": max(0, t.token_events - 1),
+        },
     }

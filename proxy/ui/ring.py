@@ -4,6 +4,7 @@ Each entry keeps the `RequestRecord` the spans and metrics were made from, so th
 the same numbers as the trace. Only the per-gap series are bounded: a stream with more than
 `max_gaps` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
 stays visible); other series the view does not show (`chunk_gaps`) are dropped when longer.
+With `--workers` a long stream's series arrive binned (`proxy/series.py`), the gaps' bars with them.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from proxy.record import RequestRecord
+from proxy.series import MAX_GAPS, Binned, compact_gaps
 from proxy.timing import RequestTiming
 
 __all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "distinct", "parse_query", "select"]
 
-MAX_GAPS = 256
 DEFAULT_LIMIT = 100
 # The per-token or per-chunk series of a RequestTiming (itl, chunk_gaps, ...): one float per gap,
 # so the only parts of a record whose size grows with the stream. Found once, by type.
@@ -64,19 +65,6 @@ class Entry:
         return self.record.trace_id or str(self.seq)
 
 
-def compact_gaps(itl: tuple[float, ...], cap: int) -> tuple[tuple[float, ...], int]:
-    """At most `cap` gaps: the largest of each run of k consecutive ones, and k."""
-    n = len(itl)
-    if n <= cap:
-        return itl, 1
-    k = -(-n // cap)
-    full = n - n % k
-    out = list(map(max, zip(*[iter(itl[:full])] * k, strict=True)))  # C loops: ~40 ns per gap
-    if full < n:
-        out.append(max(itl[full:]))
-    return tuple(out), k
-
-
 class Ring:
     """The last `capacity` finished requests, oldest dropped first."""
 
@@ -93,13 +81,19 @@ class Ring:
         k = 1
         timing = record.timing
         cap = self.max_gaps
-        if max(map(len, self._series(timing))) > cap:  # long streams only; they already cost far more per token
+        series = self._series(timing)
+        # Long streams only (they already cost far more per token), and a worker's binned series
+        if max(map(len, series)) > cap or any(type(s) is Binned for s in series):
             changes: dict[str, Any] = {}
             for name in SERIES:
-                series = getattr(timing, name)
+                values = getattr(timing, name)
                 if name == "itl":
-                    changes[name], k = compact_gaps(series, cap)
-                elif len(series) > cap:
+                    if isinstance(values, Binned):  # the bars came with it
+                        changes[name], k = compact_gaps(values.kept, cap)
+                        k *= values.per_bar
+                    else:
+                        changes[name], k = compact_gaps(values, cap)
+                elif isinstance(values, Binned) or len(values) > cap:
                     changes[name] = ()  # not shown by the view: not worth a copy
             record = self._record_with(record, {"timing": self._timing_with(timing, changes)})
         self._seq += 1

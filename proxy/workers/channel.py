@@ -6,7 +6,8 @@ supervisor answers a Hello of its own version (`messages.VERSION`, `messages.SCH
 `proxy.workers.messages`, its first byte saying how it is written:
 
     R  Records: `marshal` of plain tuples (`plain.py`: each record's fields in order), the
-       traffic of the channel, where a pickle's dataclass states cost the supervisor most
+       traffic of the channel, where a pickle's dataclass states cost the supervisor most (with
+       several workers, a long stream's per-token series binned: `binning.py`)
     P  any other message: a pickle (a few per worker, or one each time the live view asks)
 
 Both ends are this program, so a `RequestRecord` arrives as the worker built it and the

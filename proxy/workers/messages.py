@@ -51,8 +51,9 @@ __all__ = [
 
 VERSION = __version__
 # How messages are written (channel.py): 1 every message a pickle; 2 records as plain tuples in
-# marshal, the rest pickles. Part of SCHEMA: a worker writing another way is refused at its Hello.
-WIRE = 2
+# marshal, the rest pickles; 3 as 2, a long stream's series binned (binning.py). Part of SCHEMA: a
+# worker writing another way is refused at its Hello.
+WIRE = 3
 
 
 @dataclass(frozen=True, slots=True)

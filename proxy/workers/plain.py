@@ -2,8 +2,9 @@
 
 `Plain(cls)` reads `cls`'s fields once and builds two functions: `encode(obj)` gives a tuple of
 the field values in field order, a dataclass field (`D`, `D | None`, `tuple[D, ...]`) as its own
-tuple, every other value as it is (they are `marshal`'s types: str, int, float, bool, None,
-tuples, lists, dicts); `decode(values)` builds the object again without running `__init__`.
+tuple, in a field of a dataclass or another type (`X | D`, X not a list) as a list, which tells
+it from an X; every other value as it is (they are `marshal`'s types: str, int, float, bool,
+None, tuples, lists, dicts); `decode(values)` builds the object again without running `__init__`.
 
 Why not pickle: unpickling a frozen slots dataclass runs `dataclasses._dataclass_setstate`, Python
 code that looks up the fields and calls `object.__setattr__` once per field, for every object;
@@ -28,8 +29,13 @@ T = TypeVar("T")
 _Convert = Callable[[Any], Any]
 
 
+def _is_dataclass(hint: object) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
 def _dataclass_of(hint: object) -> tuple[str, type] | None:
-    """("one" | "optional" | "many", D) when `hint` holds dataclass D in a shape we encode, else None."""
+    """("one" | "optional" | "either" | "many", D) when `hint` holds dataclass D in a shape we
+    encode, else None."""
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return "one", hint
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -37,6 +43,14 @@ def _dataclass_of(hint: object) -> tuple[str, type] | None:
         inner = args[0] if args[1] is type(None) else args[1]
         if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             return "optional", inner
+    if (
+        origin in (typing.Union, types.UnionType)
+        and len(args) == 2
+        and _is_dataclass(args[0]) != _is_dataclass(args[1])
+    ):
+        inner, other = (args[0], args[1]) if _is_dataclass(args[0]) else (args[1], args[0])
+        if typing.get_origin(other) is not list and other is not list:
+            return "either", inner
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         inner = args[0]
         if isinstance(inner, type) and dataclasses.is_dataclass(inner):
@@ -46,6 +60,14 @@ def _dataclass_of(hint: object) -> tuple[str, type] | None:
 
 def _each(convert: _Convert, values: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(map(convert, values))
+
+
+def _as_list(inner: Plain[Any], value: Any) -> Any:
+    return list(inner.encode(value)) if isinstance(value, inner.cls) else value
+
+
+def _from_list(inner: Plain[Any], value: Any) -> Any:
+    return inner.decode(value) if type(value) is list else value
 
 
 class Plain(Generic[T]):
@@ -70,6 +92,9 @@ class Plain(Generic[T]):
             if shape == "many":
                 self._encoders.append((i, functools.partial(_each, inner.encode)))
                 self._decoders.append((i, functools.partial(_each, inner.decode)))
+            elif shape == "either":
+                self._encoders.append((i, functools.partial(_as_list, inner)))
+                self._decoders.append((i, functools.partial(_from_list, inner)))
             else:  # "one" or "optional": None stays None
                 self._encoders.append((i, inner.encode))
                 self._decoders.append((i, inner.decode))

@@ -392,7 +392,7 @@ async def supervising(
         accounting = accounting_from(settings) if accounting is None else accounting
         reporting = Reporting(
             settings, accounting, on_record=on_record, registry=registry, tracing=tracing,
-            meter_provider=meter_provider, env=env,
+            meter_provider=meter_provider, env=env, serving=False,  # this loop only takes records
         )  # fmt: skip
         host, port = reserved[0].getsockname()[:2]
         group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.telemetry, env))

@@ -34,6 +34,7 @@ from proxy.serving import serving
 from proxy.settings import Settings
 from proxy.telemetry.exposition import Counter, Gauge, Registry
 from proxy.telemetry.tracing import build_tracing
+from proxy.workers.binning import binned
 from proxy.workers.channel import encode, encode_hello, receive
 from proxy.workers.messages import SCHEMA, VERSION, AskInFlight, Hello, InFlightAnswer, Ready, Records, Start
 
@@ -59,9 +60,13 @@ class Shipper:
 
     sink_name = "workers_ship"
 
-    def __init__(self, writer: asyncio.StreamWriter, max_buffered: int) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, max_buffered: int, *, binning: bool = False) -> None:
+        """`binning`: long series are binned here (`binning.py`), which takes work off a supervisor
+        that several workers share; with one worker (`--telemetry-process`) the supervisor has CPU
+        to spare, and binning would only add to the serving loop's."""
         self.writer = writer
         self.max_buffered = max_buffered
+        self.binning = binning
         self.in_flight = Gauge(
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=Registry()
         )
@@ -78,7 +83,7 @@ class Shipper:
 
     def record(self, rec: RequestRecord) -> None:
         pending = self._pending
-        pending.append(rec)
+        pending.append(binned(rec) if self.binning else rec)  # here, one by one: a batch's flush stays short
         if len(pending) == 1:
             self._due = asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
         elif len(pending) == BATCH_RECORDS:  # a full batch goes on the next turn of the loop
@@ -153,7 +158,7 @@ async def _serve(sock: socket.socket) -> None:
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
     # The group's port, bound by each worker with SO_REUSEPORT (the supervisor holds it too).
     socks = bind(settings.host, settings.port, port_flag="--port", host_flag="--host", backlog=2048, reuse_port=True)
-    shipper = Shipper(writer, start.max_buffered)
+    shipper = Shipper(writer, start.max_buffered, binning=settings.workers > 1)
     shutdown = Shutdown().install()  # first signal: drain; second: cut (as one process)
     gauge = asyncio.ensure_future(shipper.keep_gauge_fresh())
     try:

@@ -153,7 +153,10 @@ async def _worker(argv: Sequence[str]) -> None:
     # Distinct records, more than a batch holds: a pickle would write a record it has seen in the
     # same message as a reference, and look cheaper than it is.
     pool = records(4096, args.long, start.ship_spans, seed=os.getpid())
-    shipper = Shipper(writer, start.max_buffered)
+    try:  # a tree whose workers bin long series when there are several (--src: older trees do not)
+        shipper = Shipper(writer, start.max_buffered, binning=start.settings["workers"] > 1)
+    except TypeError:
+        shipper = Shipper(writer, start.max_buffered)
     writer.write(encode(Ready()))
     await asyncio.sleep(1.0)  # every worker is up before the records flow
     sent, began = 0, time.monotonic()
@@ -274,6 +277,7 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
                 profiler.disable()
                 profiler.dump_stats(args.profile)
             dropped = group.metrics.records_dropped.labels().get()
+            spans_dropped = sum(group.metrics.spans_dropped.labels(r).get() for r in ("queue_full", "export_failed"))
     finally:
         if tracing is not None:
             shutdown_tracing(tracing)
@@ -283,6 +287,7 @@ async def _supervise(args: argparse.Namespace) -> dict[str, float]:
     cpu, wall = watch.cpu1 - watch.cpu0, watch.wall1 - watch.wall0
     return {
         "records": n, "records_per_s": n / wall, "cpu_us_per_record": cpu / n * 1e6, "dropped": dropped,
+        "spans_dropped": spans_dropped,
         **{f"thread {name}": us for name, us in watch.by_thread().items()},
     }  # fmt: skip
 
@@ -306,6 +311,13 @@ def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEvent
     slots = supervisor._slots(2, reporting.telemetry, {})
     group = supervisor.Group("", "", reporting.metrics, slots)
     sup = supervisor._Supervisor(settings, group, reporting.observers, {}, (), reporting.telemetry)
+    try:  # a tree whose workers bin long series (--src: older trees do not)
+        from proxy.workers.binning import binned
+    except ImportError:
+        binned = None
+    if binned is not None:
+        per_record(f"worker: bin, spans {spans}", lambda: [binned(r) for b in batches for r in b])
+        batches = [[binned(r) for r in b] for b in batches]
     messages = [
         Records(b if spans == "discard" else [dataclasses.replace(r, span=None) for r in b], {}, 0, {}, {})
         for b in batches
@@ -329,7 +341,7 @@ def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEvent
 
 def _micro(args: argparse.Namespace) -> dict[str, float]:
     """µs per record of each step, on 64-record batches (half 16-token, half `--long`), in this
-    process: the worker's `encode`, the supervisor's `receive` (framing and decoding) and its
+    process: the worker's `binned` (a tree that has it) and `encode`, the supervisor's `receive` (framing and decoding) and its
     `_apply` (the fan-out to every sink), and the sinks alone for comparison."""
     import timeit
 
@@ -418,7 +430,7 @@ def main() -> None:
             f"{args.src.name}: workers {args.workers}  spans {args.spans}  genai {args.genai}  rate {args.rate or 'max'}: "
             f"{got['records']:.0f} records, {got['records_per_s']:,.0f} records/s, "
             f"supervisor CPU {got['cpu_us_per_record']:.1f} us/record "
-            f"(1 core: {1e6 / got['cpu_us_per_record']:,.0f} records/s), dropped {got['dropped']:.0f}; by thread: "
+            f"(1 core: {1e6 / got['cpu_us_per_record']:,.0f} records/s), dropped {got['dropped']:.0f}, spans dropped {got['spans_dropped']:.0f}; by thread: "
             + ", ".join(f"{k[7:]} {v:.1f}" for k, v in got.items() if k.startswith("thread ")),
             flush=True,
         )
