@@ -259,6 +259,7 @@ def test_the_itl_exemplar_is_the_slowest_gap() -> None:
     page = metrics.registry.render(openmetrics=True).decode()
     lines = [line for line in page.splitlines() if line.startswith("taotrace_inter_token_latency_seconds_bucket")]
     with_exemplar = [line for line in lines if "#" in line]
+    assert isinstance(rec.timing.itl, tuple)
     slowest = max(rec.timing.itl)
     assert len(with_exemplar) == 1
     assert f'# {{trace_id="{rec.trace_id}"}} {slowest!r} ' in with_exemplar[0]

@@ -210,6 +210,7 @@ def test_rows_and_details_carry_the_records_numbers() -> None:
     assert set(spans) == {"chat m", "network", "prefill_wait", "decode"}
     assert spans["prefill_wait"]["end"] - spans["prefill_wait"]["start"] == pytest.approx(rec.timing.prefill_wait)
     assert spans["decode"]["end"] - spans["decode"]["start"] == pytest.approx(rec.timing.decode)
+    assert isinstance(rec.timing.itl, tuple)  # one process: the values themselves
     assert d["gaps"] == {"values": list(rec.timing.itl), "per_bar": 1, "count": 3}
     assert d["record"]["usage"]["cached_input_tokens"] == 4 and "itl" not in d["record"]["timing"]
     assert "start" not in d["record"]["timing"]  # monotonic instants mean nothing to a reader
