@@ -415,6 +415,42 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     sys.modules.pop("taotrace_test_plugin", None)
 
 
+class ByModel(Sampler):
+    """A plug-in sampler that keeps one model's requests: it reads the root's attributes."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        self.seen.append(dict(attributes or {}))
+        keep = (attributes or {}).get("gen_ai.request.model") == "gpt-4o-mini"
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if keep else Decision.DROP)
+
+    def get_description(self) -> str:
+        return "ByModel"
+
+
+@pytest.mark.parametrize("wrap", [ours.SdkSampler, lambda s: ours.ParentBased(ours.SdkSampler(s))])
+def test_a_sampler_that_reads_attributes_sees_them_at_the_start(wrap: Any) -> None:
+    """The built-in samplers decide without the root's attributes (made when the request ends);
+    a plug-in's, alone or under ParentBased, is given them when the root starts."""
+    assert not any(s.reads_attributes for s in (ours.DEFAULT, ours.ALWAYS_OFF, ours.TraceIdRatio(0.5)))
+    plug = ByModel()
+    sampler = wrap(plug)
+    assert sampler.reads_attributes
+    exporter = InMemorySpanExporter()
+    tel = Telemetry(
+        Tracing(processor=SimpleSpanProcessor(exporter), sampler=sampler),
+        upstream_host="api.example", upstream_port=443, upstream_base="https://api.example",
+    )  # fmt: skip
+    kept = tel.start(INFO, "POST", "/v1/chat/completions", "", CIMultiDictProxy(CIMultiDict()), T0)
+    other = RequestInfo("chat_completions", "chat", "openai", "other-model", True)
+    dropped = tel.start(other, "POST", "/v1/chat/completions", "", CIMultiDictProxy(CIMultiDict()), T0)
+    assert [seen["gen_ai.request.model"] for seen in plug.seen] == ["gpt-4o-mini", "other-model"]
+    assert plug.seen[0] == kept.attributes
+    assert kept.context.trace_flags.sampled and not dropped.context.trace_flags.sampled
+
+
 def test_a_plug_in_sampler_from_an_entry_point(plugin: Any, caplog: pytest.LogCaptureFixture) -> None:
     """An `opentelemetry_traces_sampler` entry point, found and called as the SDK does: by its name
     as registered, its factory given the argument as set (None when unset); asked for every child."""

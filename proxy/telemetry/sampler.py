@@ -62,6 +62,8 @@ class Sampler(Protocol):
 
     `follows`: every child of a sampled span is sampled too, with the parent's trace state and no
     attributes of the sampler's own, so the phase children of a sampled root need not ask.
+    `reads_attributes` (optional, True when absent): whether the decision may depend on the span's
+    attributes; when False, the root's are made only when the request ends.
     """
 
     @property
@@ -84,6 +86,7 @@ class Sampler(Protocol):
 
 class AlwaysOn:
     follows = True
+    reads_attributes = False
 
     def should_sample(self, *_: Any) -> Sampling:
         return SAMPLE
@@ -94,6 +97,7 @@ class AlwaysOn:
 
 class AlwaysOff:
     follows = False
+    reads_attributes = False
 
     def should_sample(self, *_: Any) -> Sampling:
         return DROP
@@ -115,6 +119,7 @@ class TraceIdRatio:
     """Samples the fraction `ratio` of trace ids, the same ones in every process with that ratio."""
 
     follows = True  # a child has its root's trace id, hence its decision
+    reads_attributes = False
 
     def __init__(self, ratio: float) -> None:
         if not 0.0 <= ratio <= 1.0:
@@ -151,6 +156,17 @@ class ParentBased:
     def follows(self) -> bool:
         return self.local_sampled.follows
 
+    @property
+    def reads_attributes(self) -> bool:
+        delegates = (
+            self.root,
+            self.remote_sampled,
+            self.remote_not_sampled,
+            self.local_sampled,
+            self.local_not_sampled,
+        )
+        return any(getattr(delegate, "reads_attributes", True) for delegate in delegates)
+
     def should_sample(
         self,
         parent: SpanContext | None,
@@ -180,6 +196,7 @@ class SdkSampler:
     """An OpenTelemetry SDK sampler (a user's, from an entry point), called through its public API."""
 
     follows = False  # it may decide per span name, or add attributes: ask it for every child
+    reads_attributes = True
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler

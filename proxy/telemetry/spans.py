@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from functools import partial
 
 from opentelemetry import trace
 from opentelemetry.baggage import get_all as get_all_baggage
@@ -58,28 +59,41 @@ class RootSpan:
     """The request's root span while the request runs; the event loop's alone, so no lock.
 
     `recording` is False when the head sampler did not sample it (or it is `NOT_TRACED`): its
-    context still goes upstream, but nothing is gathered or exported.
+    context still goes upstream, but nothing is gathered or exported. `attributes` may be given
+    as `make`, called the first time they are read (when the request ends): the sampler did not
+    need them, so the request went upstream without waiting for them.
     """
 
-    __slots__ = ("name", "context", "parent", "attributes", "start_time", "links", "recording")
+    __slots__ = ("name", "context", "parent", "_attributes", "_make", "start_time", "links", "recording")
 
     def __init__(
         self,
         name: str,
         context: SpanContext,
         parent: SpanContext | None,
-        attributes: dict[str, AnyValue],
+        attributes: dict[str, AnyValue] | None,
         start_time: int,
         links: tuple[Link, ...] = (),
         recording: bool = True,
+        make: Callable[[], dict[str, AnyValue]] | None = None,
     ) -> None:
         self.name = name
         self.context = context
         self.parent = parent
-        self.attributes = attributes
+        self._attributes = attributes
+        self._make = make
         self.start_time = start_time
         self.links = links
         self.recording = recording
+
+    @property
+    def attributes(self) -> dict[str, AnyValue]:
+        """The root's own attributes (a dict the end of the request adds to)."""
+        attributes = self._attributes
+        if attributes is None:
+            make, self._make = self._make, None
+            attributes = self._attributes = make() if make is not None else {}
+        return attributes
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -175,6 +189,9 @@ class Telemetry:
         they came. `conventions`: the GenAI convention version (the scope's schema URL)."""
         conventions = conventions or Conventions()
         self.tracing = tracing
+        # The built-in samplers decide without the root's attributes: then they are made when the
+        # request ends (`RootSpan.attributes`), not before its bytes go upstream.
+        self._eager_attributes: bool = getattr(tracing.sampler, "reads_attributes", True)
         self.scope = Scope("taotrace", __version__, conventions.schema_url or None)
         self.parent = parent
         # Ship: this process only starts spans (ids, sampling, context upstream); each finished
@@ -235,6 +252,46 @@ class Telemetry:
             name = method
         else:
             name = f"{info.operation} {info.model}" if info.model else info.operation
+        # Most clients send no trace headers.
+        parent, context = (None, None) if not carrier else self._caller(carrier)
+        if parent is not None and self.parent != "child":  # a trace of our own; `link`: the caller's as a link
+            if self.parent == "link":
+                links = (*links, parent)
+            parent, context = None, None
+        linked = tuple(Link(c) for c in links if c.is_valid) if links else ()
+        tracing = self.tracing
+        ids = tracing.ids
+        if parent is None:
+            trace_id = ids.generate_trace_id()
+            random_id = getattr(ids, "random_trace_id", False)
+        else:
+            trace_id = parent.trace_id
+            random_id = bool(parent.trace_flags & _RANDOM_TRACE_ID)
+        # A sampler that may read the attributes (a plug-in's) sees them, as the conventions ask.
+        attributes = self._attributes(info, method, path, query, route) if self._eager_attributes else None
+        result = tracing.sampler.should_sample(parent, trace_id, name, SpanKind.CLIENT, attributes, linked, context)
+        flags = (_SAMPLED if result.sampled else 0) | (_RANDOM_TRACE_ID if random_id else 0)
+        state = result.trace_state
+        if state is None:
+            state = _EMPTY_STATE if parent is None else parent.trace_state
+        span_context = SpanContext(trace_id, ids.generate_span_id(), False, _FLAGS[flags], state)
+        if attributes is None:
+            make = partial(self._attributes, info, method, path, query, route, result.attributes)
+            return RootSpan(name, span_context, parent, None, self._ns(t0), linked, result.sampled, make)
+        if result.attributes:
+            attributes.update(result.attributes)
+        return RootSpan(name, span_context, parent, attributes, self._ns(t0), linked, result.sampled)
+
+    def _attributes(
+        self,
+        info: RequestInfo,
+        method: str,
+        path: str,
+        query: str,
+        route: Route | None,
+        sampler_attributes: Mapping[str, AnyValue] | None = None,
+    ) -> dict[str, AnyValue]:
+        """The root's attributes at its start (then the sampler's own, if it gave any)."""
         if route is None:
             base, address, port = self.upstream_base, self.server_address, self.server_port
         else:
@@ -262,30 +319,9 @@ class Telemetry:
                 attributes["gen_ai.system_instructions"] = info.system_instructions
             if info.input_messages is not None:
                 attributes["gen_ai.input.messages"] = info.input_messages
-        # Most clients send no trace headers.
-        parent, context = (None, None) if not carrier else self._caller(carrier)
-        if parent is not None and self.parent != "child":  # a trace of our own; `link`: the caller's as a link
-            if self.parent == "link":
-                links = (*links, parent)
-            parent, context = None, None
-        linked = tuple(Link(c) for c in links if c.is_valid) if links else ()
-        tracing = self.tracing
-        ids = tracing.ids
-        if parent is None:
-            trace_id = ids.generate_trace_id()
-            random_id = getattr(ids, "random_trace_id", False)
-        else:
-            trace_id = parent.trace_id
-            random_id = bool(parent.trace_flags & _RANDOM_TRACE_ID)
-        result = tracing.sampler.should_sample(parent, trace_id, name, SpanKind.CLIENT, attributes, linked, context)
-        flags = (_SAMPLED if result.sampled else 0) | (_RANDOM_TRACE_ID if random_id else 0)
-        state = result.trace_state
-        if state is None:
-            state = _EMPTY_STATE if parent is None else parent.trace_state
-        span_context = SpanContext(trace_id, ids.generate_span_id(), False, TraceFlags(flags), state)
-        if result.attributes:
-            attributes.update(result.attributes)
-        return RootSpan(name, span_context, parent, attributes, self._ns(t0), linked, result.sampled)
+        if sampler_attributes:
+            attributes.update(sampler_attributes)
+        return attributes
 
     def inject(self, span: RootSpan, headers: MutableMapping[str, str]) -> None:
         """Put our span's context in the upstream headers, replacing the client's `traceparent`
