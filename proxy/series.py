@@ -11,6 +11,7 @@ with it, already compacted to `MAX_GAPS`.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,8 @@ class Binned:
     OpenTelemetry: bucket i holds the values v <= edges[i] not in an earlier one, bucket
     len(edges) the rest), with its count, sum (Python's `sum`, as the histograms take it), least
     and largest. `kept`: the series compacted for the live view (`compact_gaps`), each bar the
-    largest of `per_bar` consecutive values; empty for a series the view does not show."""
+    largest of `per_bar` consecutive values, as packed doubles (`bars()`): no float objects are
+    made for them until the view shows them; empty for a series the view does not show."""
 
     edges: tuple[float, ...]
     buckets: tuple[int, ...]  # (bucket index, count) pairs, flattened, for the buckets that got any
@@ -34,11 +36,15 @@ class Binned:
     sum: float
     low: float
     high: float
-    kept: tuple[float, ...] = ()
+    kept: bytes = b""
     per_bar: int = 1
 
     def __len__(self) -> int:
         return self.count
+
+    def bars(self) -> tuple[float, ...]:
+        """The live view's bars (see `kept`)."""
+        return tuple(memoryview(self.kept).cast("d"))
 
     def pairs(self) -> zip[tuple[int, int]]:
         """(bucket index, count) for each bucket that got values."""
@@ -67,7 +73,7 @@ def bin_series(values: Sequence[float], edges: tuple[float, ...], keep: bool = F
     if below < n:
         buckets += (len(edges), n - below)
     kept, per_bar = compact_gaps(tuple(values), MAX_GAPS) if keep else ((), 1)
-    return Binned(edges, tuple(buckets), n, total, ordered[0], ordered[-1], kept, per_bar)
+    return Binned(edges, tuple(buckets), n, total, ordered[0], ordered[-1], array("d", kept).tobytes(), per_bar)
 
 
 def bucket_of(edges: tuple[float, ...], value: float) -> int:

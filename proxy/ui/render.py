@@ -149,7 +149,7 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
             "last_byte": t.time_to_last_byte,
         },
         "gaps": {
-            "values": list(t.itl.kept if isinstance(t.itl, Binned) else t.itl),
+            "values": list(t.itl.bars() if isinstance(t.itl, Binned) else t.itl),
             "per_bar": e.gaps_per_bar,
             "count": max(0, t.token_events - 1),
         },

@@ -4,7 +4,8 @@ Each entry keeps the `RequestRecord` the spans and metrics were made from, so th
 the same numbers as the trace. Only the per-gap series are bounded: a stream with more than
 `max_gaps` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
 stays visible); other series the view does not show (`chunk_gaps`) are dropped when longer.
-With `--workers` a long stream's series arrive binned (`proxy/series.py`), the gaps' bars with them.
+With `--workers` a long stream's series arrive binned (`proxy/series.py`) and are kept so: a few
+counts each, and the bars of its gaps.
 """
 
 from __future__ import annotations
@@ -78,24 +79,24 @@ class Ring:
         self._record_with = _Replacer(RequestRecord)
 
     def add(self, record: RequestRecord, now: float) -> Entry:
-        k = 1
         timing = record.timing
+        itl = timing.itl
+        k = itl.per_bar if isinstance(itl, Binned) else 1
         cap = self.max_gaps
-        series = self._series(timing)
-        # Long streams only (they already cost far more per token), and a worker's binned series
-        if max(map(len, series)) > cap or any(type(s) is Binned for s in series):
+        if max(map(len, self._series(timing))) > cap:  # long streams only; they already cost far more per token
             changes: dict[str, Any] = {}
             for name in SERIES:
                 values = getattr(timing, name)
-                if name == "itl":
-                    if isinstance(values, Binned):  # the bars came with it
-                        changes[name], k = compact_gaps(values.kept, cap)
+                if isinstance(values, Binned):  # a worker's: a few counts, and the bars of its gaps
+                    if name == "itl" and len(values.kept) > 8 * cap:  # more bars than this ring keeps
+                        changes[name], k = compact_gaps(values.bars(), cap)
                         k *= values.per_bar
-                    else:
-                        changes[name], k = compact_gaps(values, cap)
-                elif isinstance(values, Binned) or len(values) > cap:
+                elif name == "itl":
+                    changes[name], k = compact_gaps(values, cap)
+                elif len(values) > cap:
                     changes[name] = ()  # not shown by the view: not worth a copy
-            record = self._record_with(record, {"timing": self._timing_with(timing, changes)})
+            if changes:
+                record = self._record_with(record, {"timing": self._timing_with(timing, changes)})
         self._seq += 1
         entry = Entry(seq=self._seq, time=now, record=record, gaps_per_bar=k)
         self._entries.append(entry)
