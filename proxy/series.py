@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,11 +74,6 @@ def bin_series(values: Sequence[float], edges: tuple[float, ...], keep: bool = F
         buckets += (len(edges), n - below)
     kept, per_bar = compact_gaps(tuple(values), MAX_GAPS) if keep else ((), 1)
     return Binned(edges, tuple(buckets), n, total, ordered[0], ordered[-1], array("d", kept).tobytes(), per_bar)
-
-
-def bucket_of(edges: tuple[float, ...], value: float) -> int:
-    """The bucket `value` falls in (bisect_left's rule)."""
-    return bisect_left(edges, value)
 
 
 def compact_gaps(itl: tuple[float, ...], cap: int) -> tuple[tuple[float, ...], int]:

@@ -66,7 +66,7 @@ def test_long_streams_keep_their_largest_gaps() -> None:
     gaps, k = compact_gaps(itl, 256)
     assert k == 6 and len(gaps) <= 256 and max(gaps) == 2.5
     assert compact_gaps((0.1, 0.2), 256) == ((0.1, 0.2), 1)
-    ring = Ring(10, max_gaps=256)
+    ring = Ring(10)
     entry = ring.add(record(tokens=1500), now=1.0)
     assert len(entry.record.timing.itl) <= 256 and entry.gaps_per_bar == 6
     assert entry.record.timing.chunk_gaps == ()  # not shown, so not kept once long
@@ -75,7 +75,7 @@ def test_long_streams_keep_their_largest_gaps() -> None:
 
 def test_a_long_streams_kept_record_differs_only_in_its_long_series() -> None:
     rec = record(tokens=400)
-    entry = Ring(10, max_gaps=256).add(rec, now=1.0)
+    entry = Ring(10).add(rec, now=1.0)
     kept = entry.record
     assert kept is not rec and kept.timing is not rec.timing
     # every other field the very object the record held; the long series compacted or emptied

@@ -2,7 +2,7 @@
 
 Each entry keeps the `RequestRecord` the spans and metrics were made from, so the page shows
 the same numbers as the trace. Only the per-gap series are bounded: a stream with more than
-`max_gaps` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
+`MAX_GAPS` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
 stays visible); other series the view does not show (`chunk_gaps`) are dropped when longer.
 With `--workers` a long stream's series arrive binned (`proxy/series.py`) and are kept so: a few
 counts each, and the bars of its gaps.
@@ -57,7 +57,7 @@ class Entry:
 
     seq: int  # 1, 2, ... in order of finishing
     time: float  # wall clock (Unix seconds) when it finished
-    record: RequestRecord  # timing.itl compacted when longer than the ring's max_gaps
+    record: RequestRecord  # timing.itl compacted when longer than MAX_GAPS
     gaps_per_bar: int = 1  # each kept gap is the largest of this many consecutive gaps
 
     @property
@@ -69,9 +69,8 @@ class Entry:
 class Ring:
     """The last `capacity` finished requests, oldest dropped first."""
 
-    def __init__(self, capacity: int, max_gaps: int = MAX_GAPS) -> None:
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.max_gaps = max_gaps
         self._entries: deque[Entry] = deque(maxlen=capacity)
         self._seq = 0
         self._series = attrgetter(*SERIES, "itl")  # two names or more: it always returns a tuple
@@ -81,19 +80,16 @@ class Ring:
     def add(self, record: RequestRecord, now: float) -> Entry:
         timing = record.timing
         itl = timing.itl
-        k = itl.per_bar if isinstance(itl, Binned) else 1
-        cap = self.max_gaps
-        if max(map(len, self._series(timing))) > cap:  # long streams only; they already cost far more per token
+        k = itl.per_bar if isinstance(itl, Binned) else 1  # a worker's: compacted to MAX_GAPS bars there
+        if max(map(len, self._series(timing))) > MAX_GAPS:  # long streams only; they already cost far more per token
             changes: dict[str, Any] = {}
             for name in SERIES:
                 values = getattr(timing, name)
-                if isinstance(values, Binned):  # a worker's: a few counts, and the bars of its gaps
-                    if name == "itl" and len(values.kept) > 8 * cap:  # more bars than this ring keeps
-                        changes[name], k = compact_gaps(values.bars(), cap)
-                        k *= values.per_bar
-                elif name == "itl":
-                    changes[name], k = compact_gaps(values, cap)
-                elif len(values) > cap:
+                if isinstance(values, Binned):
+                    continue  # a few counts, and the bars of its gaps: kept as it came
+                if name == "itl":
+                    changes[name], k = compact_gaps(values, MAX_GAPS)
+                elif len(values) > MAX_GAPS:
                     changes[name] = ()  # not shown by the view: not worth a copy
             if changes:
                 record = self._record_with(record, {"timing": self._timing_with(timing, changes)})

@@ -2,8 +2,8 @@
 
 `Plain(cls)` reads `cls`'s fields once and builds two functions: `encode(obj)` gives a tuple of
 the field values in field order, a dataclass field (`D`, `D | None`, `tuple[D, ...]`) as its own
-tuple, in a field of a dataclass or another type (`X | D`, X not a list) as a list, which tells
-it from an X; every other value as it is (they are `marshal`'s types: str, int, float, bool,
+tuple, in a field of a dataclass or another type (`X | D`: exactly two, X never a list, nor
+None, nor a type that may hold one) as a list, which tells it from an X; every other value as it is (they are `marshal`'s types: str, int, float, bool,
 None, tuples, lists, dicts); `decode(values)` builds the object again without running `__init__`.
 
 Why not pickle: unpickling a frozen slots dataclass runs `dataclasses._dataclass_setstate`, Python
