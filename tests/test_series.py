@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.record import RequestRecord
 from proxy.series import MAX_GAPS, Binned, bin_series, compact_gaps
 from proxy.settings import Settings
-from proxy.telemetry.aggregate import AttributeSet
+from proxy.telemetry.aggregate import AttributeSet, HistogramPoint
 from proxy.telemetry.aggregate import Histogram as OtlpHistogram
 from proxy.telemetry.exposition import Histogram, Registry
 from proxy.telemetry.genai_metrics import BUCKETS_SPEC_SECONDS
@@ -34,20 +34,26 @@ from tests.fakes import FakeUpstream, chat_chunk, record_for, sse, stream_handle
 EDGE_SETS = (BUCKETS_TOKEN, BUCKETS_OVERHEAD, BUCKETS_SPEC_SECONDS)
 
 
-def _values(edges: tuple[float, ...]) -> st.SearchStrategy[list[float]]:
-    """Non-negative finite values, some exactly on an edge (where the bucket rule shows)."""
+@st.composite
+def _series(draw: st.DrawFn) -> tuple[tuple[float, ...], list[float], Binned]:
+    """Buckets, non-negative finite values (some exactly on an edge, where the bucket rule shows)
+    and those values binned."""
+    edges = draw(st.sampled_from(EDGE_SETS))
     value = st.one_of(st.floats(0, edges[-1] * 2, allow_nan=False), st.sampled_from(edges), st.just(0.0))
-    return st.lists(value, min_size=1, max_size=600)
+    values = draw(st.lists(value, min_size=1, max_size=600))
+    binned = bin_series(values, edges)
+    assert binned is not None
+    return edges, values, binned
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), which=st.sampled_from(range(len(EDGE_SETS))))
-def test_a_prometheus_histogram_reads_a_binned_series_as_its_values(data: st.DataObject, which: int) -> None:
-    edges = EDGE_SETS[which]
-    values = data.draw(_values(edges))
+@given(series=_series())
+def test_a_prometheus_histogram_reads_a_binned_series_as_its_values(
+    series: tuple[tuple[float, ...], list[float], Binned],
+) -> None:
+    edges, values, binned = series
     pages = []
-    for given_values in (values, bin_series(values, edges)):
-        assert given_values is not None
+    for given_values in (values, binned):
         registry = Registry()
         child = Histogram("h", "h.", ("k",), buckets=edges, registry=registry).labels("v")
         child.observe_many(given_values, {"trace_id": "ab" * 16})
@@ -56,19 +62,20 @@ def test_a_prometheus_histogram_reads_a_binned_series_as_its_values(data: st.Dat
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), which=st.sampled_from(range(len(EDGE_SETS))))
-def test_an_otlp_histogram_reads_a_binned_series_as_its_values(data: st.DataObject, which: int) -> None:
-    edges = EDGE_SETS[which]
-    values = data.draw(_values(edges))
-    points = []
-    for given_values in (values, bin_series(values, edges)):
-        assert given_values is not None
+@given(series=_series())
+def test_an_otlp_histogram_reads_a_binned_series_as_its_values(
+    series: tuple[tuple[float, ...], list[float], Binned],
+) -> None:
+    edges, values, binned = series
+    points: list[HistogramPoint] = []
+    for given_values in (values, binned):
         h = OtlpHistogram("h", "s", "h.", edges, clock=lambda: 1)
         h.record_many_set([0.5], AttributeSet.of({"k": "v"}))  # a total to add to
         h.record_many_set(given_values, AttributeSet.of({"k": "v"}))
         collected = h.collect()
         assert collected is not None
         (point,) = collected.points
+        assert isinstance(point, HistogramPoint)
         points.append(point)
     raw, from_bins = points
     assert (raw.counts, raw.count, raw.min, raw.max) == (
