@@ -45,3 +45,15 @@ def test_repeated_end_to_end_headers_keep_order() -> None:
     assert out.getall("Set-Cookie") == ["a=1", "b=2"]
     assert out["Content-Encoding"] == "gzip"
     assert "Content-Length" not in out
+
+
+def test_x_forwarded_for_goes_last_and_a_connection_naming_it_drops_the_clients_chain() -> None:
+    out = request_headers([("X-Forwarded-For", "1.1.1.1"), ("Connection", "keep-alive"), ("A", "1")], "127.0.0.1")
+    assert list(out.items()) == [("A", "1"), ("X-Forwarded-For", "1.1.1.1, 127.0.0.1")]
+    out = request_headers([("Connection", "A, X-Forwarded-For"), ("X-Forwarded-For", "1.1.1.1"), ("A", "1")], "::1")
+    assert list(out.items()) == [("X-Forwarded-For", "::1")]
+    # No peer (a Unix socket): the client's chain stays where it was, untouched.
+    out = request_headers([("X-Forwarded-For", "1.1.1.1"), ("A", "1")], None)
+    assert list(out.items()) == [("X-Forwarded-For", "1.1.1.1"), ("A", "1")]
+    out = request_headers([("Connection", " , keep-alive ,"), ("A", "1")], "127.0.0.1")
+    assert list(out.items()) == [("A", "1"), ("X-Forwarded-For", "127.0.0.1")]
