@@ -678,10 +678,10 @@ class Forwarder:
         self, dialect: Dialect | None, resp: UpstreamResponse, status: int
     ) -> tuple[SSEDecoder | None, StreamReader | None, bytearray | None]:
         """What to run on the copy: an SSE decoder + dialect reader, or a bounded body copy."""
-        encoding = resp.header("Content-Encoding", "identity").lower()
-        if encoding != "identity":
+        encoding = resp.content_encoding
+        if encoding is not None and encoding.lower() != "identity":
             return None, None, None  # compressed: forwarded untouched, not parsed
-        ctype = resp.header("Content-Type").lower()
+        ctype = (resp.content_type or "").lower()
         if ctype.startswith("text/event-stream") and dialect is not None:
             return SSEDecoder(), dialect.stream_reader(self.capture_content), None
         if status >= 400 or (dialect is not None and "json" in ctype):

@@ -206,6 +206,10 @@ def test_any_split_of_a_valid_response_reads_it_whole(data: st.DataObject) -> No
     d.feed(data.draw(reads(wire.data)))
     cycle = d.cycle
     assert (cycle.status, cycle.headers) == (wire.status, wire.headers)
+    assert (cycle.content_type, cycle.content_encoding) == (
+        _first(wire.headers, "content-type"),
+        _first(wire.headers, "content-encoding"),
+    )
     assert bytes(d.body) == wire.body
     if wire.end is None:  # the body runs to the close
         assert (cycle.state, d.events) == (State.BODY_TO_EOF, [Event.HEAD_READY])
@@ -337,7 +341,21 @@ def test_discarding_the_rest_keeps_the_connection_only_within_the_budget(data: s
         assert d.cycle.release() is False
 
 
+def _first(headers: list[tuple[str, str]], name: str) -> str | None:
+    return next((value for key, value in headers if key.lower() == name), None)
+
+
 # --- single cases the properties do not pin ---------------------------------------------------------
+
+
+def test_content_type_and_encoding_are_the_final_heads_first_ones() -> None:
+    cycle = ResponseCycle("u:1")
+    cycle.start(head_only=False, reused=False)
+    cycle.receive(
+        b"HTTP/1.1 103 Early Hints\r\nContent-Type: text/html\r\nContent-Encoding: br\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nContent-Type: x/y\r\nContent-Length: 0\r\n\r\n"
+    )
+    assert (cycle.content_type, cycle.content_encoding) == ("text/event-stream", None)
 
 
 def test_a_failed_relay_wins_over_garbage_in_the_same_read() -> None:

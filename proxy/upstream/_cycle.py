@@ -196,6 +196,10 @@ class ResponseCycle:
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[str, str]] = []
+        # The first Content-Type and Content-Encoding, noted as the head is parsed (each name is
+        # lowered there anyway): the relay picks its parser from them without scanning again.
+        self.content_type: str | None = None
+        self.content_encoding: str | None = None
         self.framed = False  # Content-Length or chunked: EOF before the end is a cut
         self.head_bytes = 0  # bytes read before the final head was parsed
         self.failure: BaseException | None = None  # why the cycle entered FAILED
@@ -348,9 +352,15 @@ class ResponseCycle:
             raise _Broken(f"sent a header line over {FIELD_LIMIT} bytes")
         key = name.decode("ascii", "surrogateescape")
         lower = key.lower()
+        text = value.decode("utf-8", "surrogateescape")
         if lower == "content-length" or (lower == "transfer-encoding" and b"chunked" in value.lower()):
             self.framed = True
-        self.headers.append((key, value.decode("utf-8", "surrogateescape")))
+        elif lower == "content-type":
+            if self.content_type is None:
+                self.content_type = text
+        elif lower == "content-encoding" and self.content_encoding is None:
+            self.content_encoding = text
+        self.headers.append((key, text))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -358,6 +368,7 @@ class ResponseCycle:
             if status == 101:
                 raise _Broken("switched protocols, which the proxy does not relay")
             self.reason, self.headers, self.framed = b"", [], False
+            self.content_type = self.content_encoding = None
             self._fire(INTERIM)
             return
         self.status = status

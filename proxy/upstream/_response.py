@@ -18,7 +18,10 @@ __all__ = ["UpstreamResponse"]
 class UpstreamResponse:
     """The response head, and `relay()` for the body."""
 
-    __slots__ = ("_conn", "_cycle", "_ended", "_pool", "headers", "reason", "status", "tcp_start")
+    __slots__ = (
+        "_conn", "_cycle", "_ended", "_pool", "content_encoding", "content_type", "headers", "reason", "status",
+        "tcp_start",
+    )  # fmt: skip
 
     def __init__(self, conn: Connection, pool: UpstreamPool) -> None:
         self._conn = conn
@@ -28,6 +31,8 @@ class UpstreamResponse:
         self.status = cycle.status
         self.reason = cycle.reason.decode("latin-1", "replace").strip() or None
         self.headers = cycle.headers
+        self.content_type = cycle.content_type  # the first of each, None when not sent
+        self.content_encoding = cycle.content_encoding
         # TCP_INFO when the request took the connection: zero counters for a new one, else the
         # reading at the end of its previous request (nothing of ours was in flight since).
         self.tcp_start = conn.tcp_last
