@@ -121,7 +121,7 @@ class Dialect:
         """The GenAI `gen_ai.request.*` attributes a request body sets, validated and typed."""
         found: dict[str, ParamValue] = {}
         for key, attribute, kind in self.params:
-            if attribute in found or key not in obj:
+            if key not in obj or attribute in found:  # most keys are absent: one lookup
                 continue
             value = _param(obj[key], kind)
             if value is not None:
