@@ -59,6 +59,13 @@ def test_tracestate_is_read_as_the_api_reads_it_and_written_back() -> None:
     assert propagation.format_traceparent(ours) == f"00-{TRACE}-0000000000001234-03"
 
 
+def test_our_traceparent_is_the_ids_in_fixed_width_hex() -> None:
+    for trace_id, span_id, flags in ((1, 1, 0), ((1 << 128) - 1, (1 << 64) - 1, 255), (0xABC << 64, 0x10, 1)):
+        ctx = SpanContext(trace_id, span_id, False, TraceFlags(flags), TraceState())
+        assert propagation.format_traceparent(ctx) == f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"
+        assert propagation.parse_traceparent(propagation.format_traceparent(ctx)) == (trace_id, span_id, flags)
+
+
 def test_the_default_propagators_are_w3c_by_their_fields() -> None:
     assert propagation.is_w3c(get_global_textmap())
     assert propagation.is_w3c(TraceContextTextMapPropagator())

@@ -142,6 +142,20 @@ async def test_request_head_is_exact_and_invents_nothing() -> None:
     ]
 
 
+def test_request_head_lines() -> None:
+    """Request line, Host, our own lines, the headers in order (repeats kept), then the framing."""
+    from proxy.upstream._request import request_head
+
+    odd = b"caf\xc3\xa9 \xff".decode("utf-8", "surrogateescape")  # bytes as the client sent them
+    head = request_head("POST", "/v1/x?a=1", "h:81", [("A", "1"), ("a", "2"), ("X-Odd", odd)], b"xy", "Via: p\r\n")
+    assert (
+        head
+        == b"POST /v1/x?a=1 HTTP/1.1\r\nHost: h:81\r\nVia: p\r\nA: 1\r\na: 2\r\nX-Odd: caf\xc3\xa9 \xff\r\nContent-Length: 2\r\n\r\n"
+    )
+    assert request_head("GET", "/", "h", [], b"") == b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+    assert request_head("POST", "/", "h", [], b"") == b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"
+
+
 async def test_keepalive_expiry_closes_idle_connections() -> None:
     async with Raw(answer_each(OK, OK)) as srv, pool_for(srv.port, keepalive=0.2) as pool:
         await fetch(pool)

@@ -15,7 +15,7 @@ from functools import partial
 
 from opentelemetry import trace
 from opentelemetry.baggage import get_all as get_all_baggage
-from opentelemetry.context import Context
+from opentelemetry.context import Context, get_current
 from opentelemetry.propagate import extract, get_global_textmap, inject
 from opentelemetry.trace import (
     INVALID_SPAN_CONTEXT,
@@ -332,7 +332,8 @@ class Telemetry:
             ctx = span.context
             if not ctx.is_valid:
                 return
-            if self._w3c_textmap() and not get_all_baggage():
+            # An empty current context (a server's, always) has no baggage: not asked for it.
+            if self._w3c_textmap() and not (get_current() and get_all_baggage()):
                 # What the W3C propagators write. The baggage the client sent is in `headers`
                 # already, forwarded as it came; baggage of the current context (an app embedding
                 # the proxy) is the propagators' to add.
