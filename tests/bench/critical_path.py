@@ -19,7 +19,7 @@ is split at three instants:
 
 The client's and the upstream's own work is in each segment, the same in every tree. Reported:
 the median over `--number` requests of each segment, the best of `--rounds` fresh processes per
-tree, interleaved. `--callgrind` counts each segment's instructions instead (valgrind, collecting
+tree, interleaved (ABBA). `--callgrind` counts each segment's instructions instead (valgrind, collecting
 only inside the segment, toggled by a two-line C library built on the spot with `cc`; mean over
 N requests after the warm-up): deaf to other processes, the same from run to run.
 """
@@ -267,8 +267,10 @@ def main() -> None:
             print(f"{segment:40s}" + "".join(f"{counts[src][segment]:20,.0f}" for src in srcs))
         return
     best: dict[Path, dict[str, float]] = {}
-    for _ in range(args.rounds):
-        for src in srcs:  # a fresh process per tree: both import `proxy`
+    for r in range(args.rounds):
+        # A fresh process per tree (both import `proxy`), in turns, the order reversed every other
+        # round: on a shared host the second of two back-to-back runs was often the slower one.
+        for src in srcs if r % 2 == 0 else srcs[::-1]:
             argv = [sys.executable, __file__, "--child", "--src", str(src), "--number", str(args.number)]
             got = json.loads(
                 subprocess.run(argv, cwd=src, env=_env(src), capture_output=True, text=True, check=True).stdout
