@@ -40,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from procs import best_of_runs
+
 BODY = (
     b'{"model":"bench-model","messages":[{"role":"system","content":"You are terse."},'
     b'{"role":"user","content":"Say hello in sixteen tokens."}],"stream":true,'
@@ -266,18 +268,13 @@ def main() -> None:
         for segment in EDGES:
             print(f"{segment:40s}" + "".join(f"{counts[src][segment]:20,.0f}" for src in srcs))
         return
-    best: dict[Path, dict[str, float]] = {}
-    for r in range(args.rounds):
-        # A fresh process per tree (both import `proxy`), in turns, the order reversed every other
-        # round: on a shared host the second of two back-to-back runs was often the slower one.
-        for src in srcs if r % 2 == 0 else srcs[::-1]:
-            argv = [sys.executable, __file__, "--child", "--src", str(src), "--number", str(args.number)]
-            got = json.loads(
-                subprocess.run(argv, cwd=src, env=_env(src), capture_output=True, text=True, check=True).stdout
-            )
-            mine = best.setdefault(src, got)
-            for name, us in got.items():
-                mine[name] = min(mine[name], us)
+
+    def run(src: Path) -> dict[str, float]:
+        argv = [sys.executable, __file__, "--child", "--src", str(src), "--number", str(args.number)]
+        out = subprocess.run(argv, cwd=src, env=_env(src), capture_output=True, text=True, check=True).stdout
+        return dict(json.loads(out))
+
+    best = best_of_runs(srcs, run, args.rounds)
     print(f"{'us CPU per request (median, best run)':40s}" + "".join(f"{str(src)[-18:]:>20s}" for src in srcs))
     for name in best[srcs[0]]:
         print(f"{name:40s}" + "".join(f"{best[src][name]:20.1f}" for src in srcs))

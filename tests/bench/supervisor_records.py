@@ -409,14 +409,13 @@ def main() -> None:
             print(json.dumps(_micro(args)))
             return
         trees = [args.src, *([args.ab] if args.ab else [])]
-        best: dict[Path, dict[str, float]] = {}
-        for _ in range(3):
-            for tree in trees:  # a fresh process per tree: both import `proxy`
-                argv = [sys.executable, __file__, "--micro", "--json", "--src", str(tree), "--long", str(args.long)]
-                got = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
-                mine = best.setdefault(tree, got)
-                for name, value in got.items():
-                    mine[name] = min(mine[name], value)
+        from procs import best_of_runs
+
+        def run(tree: Path) -> dict[str, float]:
+            argv = [sys.executable, __file__, "--micro", "--json", "--src", str(tree), "--long", str(args.long)]
+            return dict(json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout))
+
+        best = best_of_runs(trees, run, 3)
         print(f"{'µs per record (best of 3)':40s}" + "".join(f"{t.name[-16:]:>18s}" for t in trees))
         for name in best[trees[0]]:
             print(f"{name:40s}" + "".join(f"{best[t].get(name, float('nan')):18.2f}" for t in trees))
