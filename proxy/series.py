@@ -16,7 +16,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MAX_GAPS", "Binned", "bin_series", "compact_gaps"]
+__all__ = ["MAX_GAPS", "Binned", "bin_series", "bucket_pairs", "compact_gaps"]
 
 MAX_GAPS = 256  # bars of a stream's gaps the live view keeps (the largest of each run of k gaps)
 
@@ -60,20 +60,30 @@ def bin_series(values: Sequence[float], edges: tuple[float, ...], keep: bool = F
     total = sum(values)
     if not ordered or not (ordered[0] >= 0 and math.isfinite(total)):
         return None
-    buckets: list[int] = []
+    buckets = bucket_pairs(ordered, edges)
+    kept, per_bar = compact_gaps(tuple(values), MAX_GAPS) if keep else ((), 1)
+    return Binned(
+        edges, tuple(buckets), len(ordered), total, ordered[0], ordered[-1], array("d", kept).tobytes(), per_bar
+    )
+
+
+def bucket_pairs(ordered: Sequence[float], edges: tuple[float, ...]) -> list[int]:
+    """(bucket index, count) pairs, flattened, for the buckets of `edges` that sorted, NaN-free
+    `ordered` fills (bisect_left's rule): values <= edges[i] minus those <= edges[i-1], one
+    bisect per bucket rather than one per value."""
+    pairs: list[int] = []
     below = 0
     n = len(ordered)
     for i, edge in enumerate(edges):
         upto = bisect_right(ordered, edge, below)
         if upto > below:
-            buckets += (i, upto - below)
+            pairs += (i, upto - below)
             below = upto
             if below == n:
-                break
+                return pairs
     if below < n:
-        buckets += (len(edges), n - below)
-    kept, per_bar = compact_gaps(tuple(values), MAX_GAPS) if keep else ((), 1)
-    return Binned(edges, tuple(buckets), n, total, ordered[0], ordered[-1], array("d", kept).tobytes(), per_bar)
+        pairs += (len(edges), n - below)
+    return pairs
 
 
 def compact_gaps(itl: tuple[float, ...], cap: int) -> tuple[tuple[float, ...], int]:

@@ -24,14 +24,14 @@ import math
 import sys
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import reduce
 from operator import add
 
-from proxy.series import Binned
+from proxy.series import Binned, bucket_pairs
 
 __all__ = [
     "CARDINALITY_LIMIT",
@@ -280,13 +280,10 @@ class Histogram(_Instrument):
             if len(ordered) <= _SORTED_FROM:
                 for v in ordered:
                     counts[bisect_left(bounds, v)] += 1
-            else:  # values <= bounds[i], minus those <= bounds[i-1]: bucket i's (bisect_left's rule)
-                below = 0
-                for i, bound in enumerate(bounds):
-                    upto = bisect_right(ordered, bound, below)
-                    counts[i] += upto - below
-                    below = upto
-                counts[-1] += len(ordered) - below
+            else:
+                it = iter(bucket_pairs(ordered, bounds))
+                for i, n in zip(it, it, strict=True):
+                    counts[i] += n
             # Added in the given order, one at a time (in C), as one-by-one recording would: the same float sum.
             state.total = _in_order(taken, state.total)
             state.count += len(ordered)
