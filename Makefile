@@ -9,9 +9,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 # What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
-LINT_PATHS := proxy tests deploy
+LINT_PATHS := proxy tests deploy setup.py
 
-.PHONY: venv system-deps test test-fast test-otel-range lint demo probe doctor serve sim bench screenshots clean FORCE
+.PHONY: venv system-deps test test-fast test-otel-range test-compiled compiled lint demo probe doctor serve sim bench screenshots clean FORCE
 
 # What a Python says of itself: "3.12.1 pip /usr/bin/python3.12" (version, pip or nopip, path).
 ABOUT := -c 'import importlib.util, sys; v = sys.version_info; print("%d.%d.%d" % v[:3], "pip" if importlib.util.find_spec("pip") else "nopip", sys.executable)'
@@ -125,6 +125,29 @@ test-otel-range: $(VENV)-otel-oldest/.installed $(VENV)-otel-newest/.installed
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q --unit $(ARGS)
 
+# The optional compiled build (proxy/compiled.py, setup.py): the modules it lists, compiled with
+# mypyc into C extensions. `compiled` builds them into a copy of this tree, COMPILED (never into
+# proxy/ itself, where a stale .so would shadow the .py being edited); `test-compiled` runs the
+# whole suite there (ARGS: a part of it), PYTHONPATH making every process the tests start import
+# the copy, and --compiled making the run fail unless each listed module is a C extension (the
+# copy's .venv is a link to this one). mypyc comes with mypy ([lint]); gcc builds the extensions.
+COMPILED ?= build/compiled
+compiled: $(VENV)/.installed-lint
+	@if ! command -v cc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null; \
+	  else echo "make: no C compiler (cc): install gcc to build the compiled modules" >&2; exit 1; fi; \
+	fi
+	@mkdir -p $(COMPILED)
+	@find $(COMPILED) -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+	@tar -c --exclude='./.venv*' --exclude=./build --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
+	  --exclude='*.so' --exclude=./tests/bench/results . | tar -x -C $(COMPILED)
+	@ln -sfn $(abspath $(VENV)) $(COMPILED)/.venv
+	@echo "compiling $$(cd $(COMPILED) && $(abspath $(PY)) -c 'from proxy.compiled import MODULES; print(len(MODULES))') modules with mypyc into $(COMPILED) (a minute the first time)..." >&2
+	@cd $(COMPILED) && TAOTRACE_COMPILE=1 $(abspath $(PY)) setup.py -q build_ext --inplace -j 2 >build.log 2>&1 || { cat build.log; exit 1; } >&2
+
+test-compiled: compiled system-deps
+	cd $(COMPILED) && PYTHONPATH=$(abspath $(COMPILED)) $(abspath $(PY)) -m pytest -q -p no:cacheprovider --compiled $(ARGS)
+
 # ruff (lint, then format check) and mypy --strict with the pydantic plugin; CI runs it first.
 lint: $(VENV)/.installed-lint
 	$(VENV)/bin/ruff check $(LINT_PATHS)
@@ -155,4 +178,4 @@ bench: $(VENV)/.installed-runtime
 	@$(PY) tests/bench/run.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV)-otel-oldest $(VENV)-otel-newest *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV)-otel-oldest $(VENV)-otel-newest build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

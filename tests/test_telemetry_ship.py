@@ -3,15 +3,15 @@ finishes and exports it from the record; what leaves equals what one process exp
 
 Each scenario and sampler of tests/test_span_equivalence.py runs both ways: one process
 (`start`, `inject`, `finish`), and a "worker" Telemetry (no exporter) whose record, with its span's
-start, crosses a pickle to a "supervisor" Telemetry that `replay`s it. Headers sent upstream and
-every exported span must be equal, field by field, except the phase children's own span ids
-(each process draws its own) and the resource, which the supervisor gives each worker.
+start, crosses the workers' channel (encoded as it sends records) to a "supervisor" Telemetry
+that `replay`s it. Headers sent upstream and every exported span must be equal, field by field,
+except the phase children's own span ids (each process draws its own) and the resource, which
+the supervisor gives each worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from typing import Any
 
 import pytest
@@ -20,6 +20,8 @@ from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProces
 from proxy.telemetry.spandata import Resource, SpanData
 from proxy.telemetry.spans import Telemetry
 from proxy.telemetry.tracing import Tracing, build_tracing
+from proxy.workers import channel
+from proxy.workers.messages import Records
 from tests.test_span_equivalence import (
     CLIENT_SPAN,
     INFO,
@@ -51,7 +53,10 @@ def shipped(
     worker.inject(span, headers)
     rec = dataclasses.replace(rec, span=worker.span_start(span, rec.sampling, "tok0 tok1"))
     worker.finish(span, rec, "tok0 tok1")
-    rec = pickle.loads(pickle.dumps(rec, protocol=pickle.HIGHEST_PROTOCOL))  # as the channel carries it
+    frame = channel.encode(Records([rec], {}, 0, {}))  # as the channel carries it
+    crossed = channel.decode(frame[channel._HEADER.size :])
+    assert isinstance(crossed, Records)
+    (rec,) = crossed.records
 
     exporter, supervisor = make(sampler, capture_content=True, parent=parent)
     supervisor.replay(rec, resource)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from proxy.dialects.content import Output, bounded_json
 from proxy.sse import SSEEvent
@@ -106,6 +107,8 @@ def is_chunk(event: SSEEvent) -> bool:
     return bool(data) and data != b"[DONE]" and event.event != "ping"
 
 
+# A plug-in dialect's reader subclasses this one, which the compiled build compiles (proxy/compiled.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StreamReader:
     """Reads one answer of one dialect: a stream's events (`feed`) or a whole body (`read_body`).
 

@@ -80,7 +80,10 @@ class Plain(Generic[T]):
         self.cls = cls
         self._get = operator.attrgetter(*(f.name for f in fields)) if len(fields) > 1 else None
         self._names = tuple(f.name for f in fields)
-        self._setters = tuple(getattr(cls, f.name).__set__ for f in fields)  # the slots' descriptors
+        # A class compiled by mypyc (proxy/compiled.py) has no slot descriptors and refuses
+        # `object.__new__`: it is built through its `__init__`, which is C there.
+        self._native = not all(isinstance(getattr(cls, f.name, None), types.MemberDescriptorType) for f in fields)
+        self._setters = () if self._native else tuple(getattr(cls, f.name).__set__ for f in fields)
         self._encoders: list[tuple[int, _Convert]] = []
         self._decoders: list[tuple[int, _Convert]] = []
         for i, f in enumerate(fields):
@@ -111,13 +114,18 @@ class Plain(Generic[T]):
 
     def decode(self, values: tuple[Any, ...] | list[Any]) -> T:
         """The object `encode` gave `values` for; a `ValueError` when they cannot be one."""
-        if len(values) != len(self._setters):
-            raise ValueError(f"{len(values)} values for the {len(self._setters)} fields of {self.cls.__name__}")
+        if len(values) != len(self._names):
+            raise ValueError(f"{len(values)} values for the {len(self._names)} fields of {self.cls.__name__}")
         if self._decoders:
             values = list(values)
             for i, convert in self._decoders:
                 if values[i] is not None:
                     values[i] = convert(values[i])
+        return self._build(values)
+
+    def _build(self, values: tuple[Any, ...] | list[Any]) -> T:
+        if self._native:
+            return self.cls(**dict(zip(self._names, values, strict=True)))
         obj = object.__new__(self.cls)
         for set_field, value in zip(self._setters, values, strict=True):
             set_field(obj, value)
@@ -129,7 +137,4 @@ def copy_with(plain: Plain[T], obj: T, **changes: Any) -> T:
     values = list(plain._get(obj) if plain._get is not None else (getattr(obj, n) for n in plain._names))
     for name, value in changes.items():
         values[plain._names.index(name)] = value
-    new = object.__new__(plain.cls)
-    for set_field, value in zip(plain._setters, values, strict=True):
-        set_field(new, value)
-    return new
+    return plain._build(values)

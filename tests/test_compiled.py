@@ -1,0 +1,65 @@
+"""The optional compiled build's list of modules, and what the code does so that they can be compiled.
+
+`make test-compiled` runs the whole suite against the compiled modules (tests/conftest.py's
+`--compiled` fails the run unless every listed module is a C extension); `make test` against the
+pure package (and fails if any of them is compiled).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import marshal
+from pathlib import Path
+
+from proxy.compiled import MODULES
+from proxy.workers.plain import Plain, copy_with
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_listed_modules_are_files_of_the_package_once_each() -> None:
+    assert len(set(MODULES)) == len(MODULES)
+    for path in MODULES:
+        assert path.startswith("proxy/") and path.endswith(".py"), path
+        assert (ROOT / path).is_file(), path
+
+
+def test_no_listed_module_does_io_or_runs_an_event_loop() -> None:
+    """Compiled code is the parsers and encoders, fed by the I/O code that stays Python."""
+    io = {"asyncio", "socket", "aiohttp", "subprocess", "selectors", "ssl"}
+    for path in MODULES:
+        tree = ast.parse((ROOT / path).read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            assert not {n.split(".")[0] for n in names} & io, f"{path} imports {names}"
+
+
+def test_setup_builds_the_modules_of_the_list() -> None:
+    text = (ROOT / "setup.py").read_text()
+    assert "from proxy.compiled import MODULES" in text and "mypycify(list(MODULES)" in text
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+    a: int
+    b: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Outer:
+    inner: _Inner | None
+    many: tuple[_Inner, ...]
+    n: float
+
+
+def test_the_plain_form_builds_a_class_without_slots_through_its_init() -> None:
+    """A class mypyc compiled has no slot descriptors and refuses `object.__new__`, as a frozen
+    dataclass without slots does: both are built through `__init__`, keyword by keyword."""
+    form = Plain(_Outer)
+    obj = _Outer(inner=_Inner(1, "x"), many=(_Inner(2), _Inner(3, "y")), n=0.5)
+    back = form.decode(marshal.loads(marshal.dumps(form.encode(obj))))
+    assert back == obj and type(back.inner) is _Inner
+    assert copy_with(form, obj, n=2.0) == dataclasses.replace(obj, n=2.0)
