@@ -51,6 +51,11 @@ $(VENV)/.installed-lint: pyproject.toml $(STALE) | $(PY)
 	@$(PY) -m pip install -q -e '.[test,stack,lint]' >&2 || $(FAILED) >&2
 	@touch $@
 
+$(VENV)/.installed-compile: pyproject.toml $(STALE) | $(PY)
+	@$(INSTALLING)
+	@$(PY) -m pip install -q -e '.[test,stack,compile]' >&2 || $(FAILED) >&2
+	@touch $@
+
 $(VENV)/.installed-dev: pyproject.toml $(STALE) | $(PY)
 	@$(INSTALLING)
 	@$(PY) -m pip install -q -e '.[dev]' >&2 || $(FAILED) >&2
@@ -130,17 +135,29 @@ test-fast: $(VENV)/.installed-test
 # proxy/ itself, where a stale .so would shadow the .py being edited); `test-compiled` runs the
 # whole suite there (ARGS: a part of it), PYTHONPATH making every process the tests start import
 # the copy, and --compiled making the run fail unless each listed module is a C extension (the
-# copy's .venv is a link to this one). mypyc comes with mypy ([lint]); gcc builds the extensions.
+# copy's .venv is a link to this one). mypyc comes with mypy ([compile]); a C compiler and
+# Python's headers build the extensions (installed when missing, if we are root). The copy is
+# marked: an existing COMPILED outside build/ that is not one (a checkout, a home) is refused,
+# never emptied.
 COMPILED ?= build/compiled
-compiled: $(VENV)/.installed-lint
-	@if ! command -v cc >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null; \
-	  else echo "make: no C compiler (cc): install gcc to build the compiled modules" >&2; exit 1; fi; \
+COMPILED_MARK := .taotrace-compiled-copy
+HAS_HEADERS := -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+compiled: $(VENV)/.installed-compile
+	@case "$(abspath $(COMPILED))/" in ($(abspath build)/*) ;; (*) \
+	  if [ -e $(COMPILED) ] && [ -n "$$(ls -A $(COMPILED))" ] && [ ! -e $(COMPILED)/$(COMPILED_MARK) ]; then \
+	    echo "make: COMPILED=$(COMPILED) exists and is not a compiled copy made by make compiled: choose a new or empty directory" >&2; exit 1; \
+	  fi;; esac
+	@if ! command -v cc >/dev/null 2>&1 || ! $(PY) $(HAS_HEADERS); then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev >/dev/null; \
+	  else echo "make: the compiled build needs a C compiler (cc) and Python's headers (Python.h): install gcc and python3-dev (or your Python's -dev package)" >&2; exit 1; fi; \
 	fi
 	@mkdir -p $(COMPILED)
-	@find $(COMPILED) -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+	@touch $(COMPILED)/$(COMPILED_MARK)
+	@find $(COMPILED) -mindepth 1 -maxdepth 1 ! -name build ! -name $(COMPILED_MARK) -exec rm -rf {} +
 	@tar -c --exclude='./.venv*' --exclude=./build --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
-	  --exclude='*.so' --exclude=./tests/bench/results . | tar -x -C $(COMPILED)
+	  --exclude='*.so' --exclude=./tests/bench/results --exclude=./.mypy_cache --exclude=./.ruff_cache \
+	  --exclude=./.hypothesis --exclude=./.pytest_cache . | tar -x -C $(COMPILED)
 	@ln -sfn $(abspath $(VENV)) $(COMPILED)/.venv
 	@echo "compiling $$(cd $(COMPILED) && $(abspath $(PY)) -c 'from proxy.compiled import MODULES; print(len(MODULES))') modules with mypyc into $(COMPILED) (a minute the first time)..." >&2
 	@cd $(COMPILED) && TAOTRACE_COMPILE=1 $(abspath $(PY)) setup.py -q build_ext --inplace -j 2 >build.log 2>&1 || { cat build.log; exit 1; } >&2

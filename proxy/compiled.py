@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+from pathlib import Path
 
 __all__ = ["MODULES", "compiled_modules"]
 
@@ -62,7 +63,7 @@ def compiled_modules() -> list[str]:
 
 
 def main() -> None:
-    """`python -m proxy.compiled`: which build this environment runs."""
+    """`python -m proxy.compiled`: which build this environment runs, and from where."""
     found = compiled_modules()
     print(
         f"{len(found)} of the {len(MODULES)} modules of the compiled build are compiled"
@@ -70,6 +71,11 @@ def main() -> None:
     )
     for name in found:
         print(f"  {name}")
+    package = Path(importlib.import_module("proxy").__file__ or ".").resolve().parent
+    print(f"taotrace imported from {package}")
+    if package.parent == Path.cwd().resolve() and not found:
+        # `python -m` puts the working directory first on sys.path: in a checkout, `proxy` is its .py files.
+        print("  (the working directory's: to check the installed build, run this from another directory)")
 
 
 if __name__ == "__main__":

@@ -517,7 +517,15 @@ class Forwarder:
             return exc.response()
         path, _, query = target.partition("?")  # the path as the upstream sees it, the prefix stripped
         dialect = self.dialects.for_path(path)  # once per request: its reader then runs per event
-        info = request_info(dialect, body, capture_content=self.capture_content, end_user=self.body_user)
+        try:
+            info = request_info(dialect, body, capture_content=self.capture_content, end_user=self.body_user)
+        except Exception:  # a dialect's bug (a plug-in's) must not cost the request: it goes unread
+            log.exception("could not read the request body as its dialect's")
+            info = (
+                RequestInfo(dialect.api, dialect.operation, dialect.provider, None, False)
+                if dialect is not None
+                else request_info(None, body)
+            )
         gauge = self.metrics.in_flight.labels(upstream_name, info.api)
         gauge.inc()
         self.active += 1
@@ -546,13 +554,18 @@ class Forwarder:
                 x.status = 500
             raise
         finally:
-            facts = x.facts()
+            try:
+                facts: Facts | None = x.facts()
+            except Exception:  # a bug of ours: the bookkeeping below must still run, or drains wait forever
+                log.exception("could not read what the request came to: it goes unrecorded")
+                facts = None
             x.release_upstream()
             gauge.dec()
             self.active -= 1
             if running is not None:
                 running.discard(x)
-            self._finish_later(x, facts)
+            if facts is not None:
+                self._finish_later(x, facts)
 
     async def _forward(
         self, request: web.BaseRequest, x: _Exchange, pool: UpstreamPool, target: str, body: bytes

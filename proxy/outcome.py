@@ -61,6 +61,10 @@ class Outcome:
     error_type: ErrorType | Literal[""]
     at_last_byte: bool = False
 
+    def __reduce__(self) -> tuple[type[Outcome], tuple[int, ErrorType | Literal[""], bool]]:
+        # pickle and copy rebuild it through __init__: compiled, a frozen class refuses their setattr
+        return (Outcome, (self.status, self.error_type, self.at_last_byte))
+
 
 def decide(facts: Facts) -> Outcome:
     """The outcome of one request, by the rules in the module's docstring."""

@@ -24,6 +24,10 @@ class SSEEvent:
     data: bytes
     id: str | None = None
 
+    def __reduce__(self) -> tuple[type[SSEEvent], tuple[str, bytes, str | None]]:
+        # pickle and copy rebuild it through __init__: compiled, a frozen class refuses their setattr
+        return (SSEEvent, (self.event, self.data, self.id))
+
 
 class SSEDecoder:
     """Feed it the bytes of a `text/event-stream` as they arrive; it returns complete events."""

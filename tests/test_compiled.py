@@ -8,12 +8,21 @@ pure package (and fails if any of them is compiled).
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import marshal
+import pickle
+import random
 from pathlib import Path
 
+import pytest
+
 from proxy.compiled import MODULES
+from proxy.dialects import Usage
+from proxy.outcome import Outcome
+from proxy.sse import SSEEvent
 from proxy.workers.plain import Plain, copy_with
+from tests.fakes import record_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +72,23 @@ def test_the_plain_form_builds_a_class_without_slots_through_its_init() -> None:
     back = form.decode(marshal.loads(marshal.dumps(form.encode(obj))))
     assert back == obj and type(back.inner) is _Inner
     assert copy_with(form, obj, n=2.0) == dataclasses.replace(obj, n=2.0)
+
+
+def test_a_record_and_the_frozen_values_it_is_made_of_pickle_and_copy() -> None:
+    """Code that embeds the proxy may pickle a record or copy it, whichever build it runs on (a
+    compiled frozen class is rebuilt through `__init__`, not set field by field)."""
+    record = dataclasses.replace(record_for("chat_completions", "m", 200, random.Random(1)), usage=Usage(1, 2, 3, 4, 5))
+    values = [record, record.usage, SSEEvent("message", b"{}", "7"), Outcome(502, "stream_cut", True)]
+    for value in values:
+        assert pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)) == value
+        assert copy.deepcopy(value) == value and copy.copy(value) == value
+
+
+def test_the_check_says_which_build_runs_and_from_where(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m proxy.compiled`, as deploy.md has users run it after installing."""
+    from proxy import compiled
+
+    compiled.main()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{len(compiled.compiled_modules())} of the {len(MODULES)} modules")
+    assert any(line.startswith("taotrace imported from ") for line in out)

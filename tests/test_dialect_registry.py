@@ -8,12 +8,14 @@ names, times and counts its requests; the shipped dialects are each one module o
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import pkgutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -237,3 +239,68 @@ def test_the_documented_example_is_a_working_dialect() -> None:
         "g-1",
         (("gen_ai.request.temperature", 0.2),),
     )
+
+
+def test_a_plug_in_reader_s_own_skip_and_capture_limit_hold() -> None:
+    """`SKIP` and `MAX_CAPTURE` are a subclass's to set, in both builds: compiled, an attribute
+    of the base read through `self` must still find the subclass's value."""
+    from proxy.dialects import StreamReader
+    from proxy.sse import SSEEvent
+
+    class EveryEvent(StreamReader):
+        __slots__ = ()
+        SKIP = frozenset({"noise"})
+        MAX_CAPTURE = 4
+
+        def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+            self._keep(obj.get("text"))
+            return True
+
+        def _read_whole(self, obj: dict[str, Any]) -> None:
+            self._meta(obj)
+
+    reader = EveryEvent(capture_content=True)
+    assert reader.feed(SSEEvent("noise", b'{"text": "not read"}')) is False
+    assert reader.feed(SSEEvent("piece", b'{"text": "abcd"}')) is True
+    assert reader.feed(SSEEvent("piece", b'{"text": "efgh"}')) is True
+    assert reader.text is not None and reader.text.startswith("abcd") and "efgh" not in reader.text
+
+
+def test_a_plug_in_s_counts_that_are_not_counts_are_dropped_not_raised() -> None:
+    """An upstream's `"in": "2"` or `-1` must not reach `Usage` (compiled, its fields are checked)."""
+    from proxy.sse import SSEDecoder
+
+    reader = TOY.stream_reader()
+    events = SSEDecoder().feed(b'event: finish\ndata: {"reason": "stop", "usage": {"in": "2", "out": -1}}\n\n')
+    assert [reader.feed(e) for e in events] == [False]
+    assert reader.done and reader.usage is not None
+    assert (reader.usage.input_tokens, reader.usage.output_tokens) == (None, None)
+
+
+async def test_a_plug_in_that_fails_on_a_request_body_costs_only_its_reading(
+    upstream: FakeUpstream,
+    tracing: Tracing,
+    registry: CollectorRegistry,
+    client: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A dialect's bug reading a request is logged; the request is forwarded whole and recorded unread."""
+
+    def broken(obj: dict[str, Any]) -> str | None:
+        raise ValueError("a plug-in's bug")
+
+    records: list[RequestRecord] = []
+    toy = dataclasses.replace(TOY, output_type=broken)
+    async with proxy_with(Dialects([*DIALECTS, toy]), upstream, records, tracing, registry) as srv:
+        upstream.handler = stream_handler(TOY_STREAM)
+        async with client.post(srv.proxy_url + "/v1/toy/generate", json={"model": "toy-1", "stream": True}) as r:
+            assert r.status == 200 and await r.read() == b"".join(TOY_STREAM)
+    (record,) = records
+    assert (record.api, record.operation, record.model, record.status_code, record.error_type) == (
+        "toy",
+        "generate_content",
+        None,
+        200,
+        "",
+    )
+    assert "could not read the request body" in caplog.text and "a plug-in's bug" in caplog.text

@@ -27,7 +27,7 @@ from proxy.telemetry.metrics import BUCKETS_OVERHEAD, BUCKETS_TOKEN, Metrics, Mo
 from proxy.ui.render import detail
 from proxy.ui.ring import Ring
 from proxy.workers.binning import BIN_FROM, EDGES, binned
-from proxy.workers.channel import decode, encode
+from proxy.workers.channel import decode_frame, encode
 from proxy.workers.messages import Records
 from tests.fakes import FakeUpstream, chat_chunk, record_for, sse, stream_handler
 
@@ -117,7 +117,7 @@ def _long_record(seed: int, tokens: int) -> RequestRecord:
 def test_a_record_through_the_channel_gives_the_same_metrics_and_live_view(tokens: int) -> None:
     """A worker's record, long series binned on the way, against the record as one process has it."""
     rec = _long_record(tokens, tokens)
-    message = decode(encode(Records([binned(rec)], {}, 0, {}, {}))[4:])  # past the length
+    message = decode_frame(encode(Records([binned(rec)], {}, 0, {}, {})))
     assert isinstance(message, Records)
     (back,) = message.records
     for name in EDGES:

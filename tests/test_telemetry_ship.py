@@ -54,7 +54,7 @@ def shipped(
     rec = dataclasses.replace(rec, span=worker.span_start(span, rec.sampling, "tok0 tok1"))
     worker.finish(span, rec, "tok0 tok1")
     frame = channel.encode(Records([rec], {}, 0, {}))  # as the channel carries it
-    crossed = channel.decode(frame[channel._HEADER.size :])
+    crossed = channel.decode_frame(frame)
     assert isinstance(crossed, Records)
     (rec,) = crossed.records
 

@@ -31,7 +31,7 @@ from proxy.listen import bind
 from proxy.settings import Settings
 from proxy.tcpinfo import TcpStats
 from proxy.timing import SpanStart
-from proxy.workers.channel import ChannelError, decode, encode, mismatch, receive, receive_hello
+from proxy.workers.channel import ChannelError, decode, decode_frame, encode, mismatch, receive, receive_hello
 from proxy.workers.messages import (
     SCHEMA,
     VERSION,
@@ -119,6 +119,10 @@ async def test_frames_that_are_not_our_messages_are_refused() -> None:
         await receive(reader)
     assert await receive(reader_of()) is None  # the other end closed
     assert isinstance(await receive(reader_of(encode(Ready())[4:])), Ready)
+    assert isinstance(decode_frame(encode(Ready())), Ready)
+    for cut in (encode(Ready())[:-1], encode(Ready()) + b"x", b"\0\0"):  # a frame is whole or refused
+        with pytest.raises(ChannelError):
+            decode_frame(cut)
 
 
 # A worker command: the first process started is another build (its Hello says which, argv[2] and
@@ -325,7 +329,7 @@ def test_a_record_crosses_the_channel_whole() -> None:
     message = Records([full, base], {("openai", "chat_completions"): 2.0}, 3, {"spans": 1.0}, {"per_minute": 4})
     frame = encode(message)
     assert frame[4:5] == b"R"
-    back = decode(frame[4:])
+    back = decode_frame(frame)
     assert back == message
     assert isinstance(back, Records) and type(back.records[0].span) is SpanStart
     assert back.records[0].rate_limits is not None and back.records[0].rate_limits.limits[1] == RateLimit(kind="tokens")

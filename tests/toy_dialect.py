@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.dialects import Dialect, StreamReader, Usage
+from proxy.dialects import Dialect, StreamReader, Usage, nonneg_int
 
 __all__ = ["TOY", "ToyReader"]
 
@@ -18,7 +18,7 @@ __all__ = ["TOY", "ToyReader"]
 def _usage(u: object) -> Usage | None:
     if not isinstance(u, dict):
         return None
-    return Usage(input_tokens=u.get("in"), output_tokens=u.get("out"))
+    return Usage(input_tokens=nonneg_int(u.get("in")), output_tokens=nonneg_int(u.get("out")))
 
 
 class ToyReader(StreamReader):

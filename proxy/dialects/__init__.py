@@ -28,7 +28,7 @@ from proxy.dialects.completions import API_COMPLETIONS
 from proxy.dialects.dialect import API_OTHER, Dialect, RequestInfo, request_info
 from proxy.dialects.embeddings import API_EMBEDDINGS, EMBEDDINGS_FULL_PARSE
 from proxy.dialects.messages import API_MESSAGES
-from proxy.dialects.reader import StreamReader, Usage, is_chunk
+from proxy.dialects.reader import StreamReader, Usage, is_chunk, nonneg_int
 from proxy.dialects.registry import Dialects
 from proxy.dialects.responses import API_RESPONSES
 
@@ -49,6 +49,7 @@ __all__ = [
     "api_for_path",
     "inspect_request",
     "is_chunk",
+    "nonneg_int",
     "read_body",
     "reader_for",
     "request_info",

@@ -8,7 +8,7 @@ input: a body that is not what the dialect promises degrades to "unknown", never
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from mypy_extensions import mypyc_attr
@@ -42,6 +42,19 @@ class Usage:
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
     cache_creation_input_tokens: int | None = None  # written to the provider's cache (Anthropic)
+
+    def __reduce__(self) -> tuple[type[Usage], tuple[int | None, ...]]:
+        # pickle and copy rebuild it through __init__: compiled, a frozen class refuses their setattr
+        return (
+            Usage,
+            (
+                self.input_tokens,
+                self.output_tokens,
+                self.cached_input_tokens,
+                self.reasoning_tokens,
+                self.cache_creation_input_tokens,
+            ),
+        )
 
 
 def loads(data: bytes) -> Any:
@@ -127,9 +140,10 @@ class StreamReader:
         "out",
     )
 
-    # events whose type alone says they carry nothing we read: skip the JSON parse
-    SKIP: frozenset[str] = frozenset()
-    MAX_CAPTURE = 64 * 1024
+    # Events whose type alone says they carry nothing we read: skip the JSON parse. ClassVar, so
+    # that compiled, `self.SKIP` still finds a subclass's own (an instance default would not).
+    SKIP: ClassVar[frozenset[str]] = frozenset()
+    MAX_CAPTURE: ClassVar[int] = 64 * 1024
 
     def __init__(self, capture_content: bool = False) -> None:
         self.usage: Usage | None = None

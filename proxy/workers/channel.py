@@ -39,7 +39,7 @@ from proxy.workers.messages import (
     record_form,
 )
 
-__all__ = ["ChannelError", "decode", "encode", "encode_hello", "mismatch", "receive", "receive_hello"]
+__all__ = ["ChannelError", "decode", "decode_frame", "encode", "encode_hello", "mismatch", "receive", "receive_hello"]
 
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 256 * 1024 * 1024  # bytes; a batch of records is a few MB at most
@@ -91,6 +91,14 @@ def decode(body: bytes) -> ToWorker | ToSupervisor:
     if not isinstance(message, (Start, AskInFlight, Ready, InFlightAnswer)):  # Records arrive as R
         raise ChannelError(f"not a message: a {type(message).__name__}")
     return message
+
+
+def decode_frame(frame: bytes) -> ToWorker | ToSupervisor:
+    """The message of one whole frame as `encode` wrote it, its length first (`decode` takes the
+    body alone, as `receive` reads it off the socket)."""
+    if len(frame) < _HEADER.size or _HEADER.unpack_from(frame)[0] != len(frame) - _HEADER.size:
+        raise ChannelError(f"not one whole frame ({len(frame)} bytes)")
+    return decode(frame[_HEADER.size :])
 
 
 def encode_hello(hello: Hello) -> bytes:

@@ -4,7 +4,9 @@
 the field values in field order, a dataclass field (`D`, `D | None`, `tuple[D, ...]`) as its own
 tuple, in a field of a dataclass or another type (`X | D`: exactly two, X never a list, nor
 None, nor a type that may hold one) as a list, which tells it from an X; every other value as it is (they are `marshal`'s types: str, int, float, bool,
-None, tuples, lists, dicts); `decode(values)` builds the object again without running `__init__`.
+None, tuples, lists, dicts); `decode(values)` builds the object again, setting its slots
+directly without running `__init__` where the class has slot descriptors, through `__init__`
+where it has none (a class the compiled build compiled, or a frozen dataclass without slots).
 
 Why not pickle: unpickling a frozen slots dataclass runs `dataclasses._dataclass_setstate`, Python
 code that looks up the fields and calls `object.__setattr__` once per field, for every object;
