@@ -143,24 +143,32 @@ COMPILED ?= build/compiled
 COMPILED_MARK := .taotrace-compiled-copy
 HAS_HEADERS := -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 compiled: $(VENV)/.installed-compile
-	@case "$(abspath $(COMPILED))/" in ($(abspath build)/*) ;; (*) \
-	  if [ -e $(COMPILED) ] && [ -n "$$(ls -A $(COMPILED))" ] && [ ! -e $(COMPILED)/$(COMPILED_MARK) ]; then \
-	    echo "make: COMPILED=$(COMPILED) exists and is not a compiled copy made by make compiled: choose a new or empty directory" >&2; exit 1; \
-	  fi;; esac
+	@case "$(abspath $(COMPILED))/" in \
+	  ($(abspath build)/?*) ;; \
+	  ($(CURDIR)/*) echo "make: COMPILED=$(COMPILED) is inside the source tree: use build/NAME, or a directory outside the tree" >&2; exit 1;; \
+	  (*) if [ -e "$(COMPILED)" ] && [ -n "$$(ls -A "$(COMPILED)")" ] && [ ! -e "$(COMPILED)/$(COMPILED_MARK)" ]; then \
+	        echo "make: COMPILED=$(COMPILED) exists and is not a compiled copy made by make compiled: choose a new or empty directory" >&2; exit 1; \
+	      fi;; \
+	esac
 	@if ! command -v cc >/dev/null 2>&1 || ! $(PY) $(HAS_HEADERS); then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev >/dev/null; \
-	  else echo "make: the compiled build needs a C compiler (cc) and Python's headers (Python.h): install gcc and python3-dev (or your Python's -dev package)" >&2; exit 1; fi; \
+	  fi; \
+	  if ! command -v cc >/dev/null 2>&1 || ! $(PY) $(HAS_HEADERS); then \
+	    echo "make: the compiled build needs a C compiler (cc) and the headers of $$($(PY) -c 'import sys; print("Python %d.%d" % sys.version_info[:2])') (Python.h): install gcc and that Python's -dev package" >&2; exit 1; \
+	  fi; \
 	fi
-	@mkdir -p $(COMPILED)
-	@touch $(COMPILED)/$(COMPILED_MARK)
-	@find $(COMPILED) -mindepth 1 -maxdepth 1 ! -name build ! -name $(COMPILED_MARK) -exec rm -rf {} +
+	@mkdir -p "$(COMPILED)"
+	@touch "$(COMPILED)/$(COMPILED_MARK)"
+	@find "$(COMPILED)" -mindepth 1 -maxdepth 1 ! -name build ! -name $(COMPILED_MARK) -exec rm -rf {} +
 	@tar -c --exclude='./.venv*' --exclude=./build --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
 	  --exclude='*.so' --exclude=./tests/bench/results --exclude=./.mypy_cache --exclude=./.ruff_cache \
-	  --exclude=./.hypothesis --exclude=./.pytest_cache . | tar -x -C $(COMPILED)
-	@ln -sfn $(abspath $(VENV)) $(COMPILED)/.venv
-	@echo "compiling $$(cd $(COMPILED) && $(abspath $(PY)) -c 'from proxy.compiled import MODULES; print(len(MODULES))') modules with mypyc into $(COMPILED) (a minute the first time)..." >&2
-	@cd $(COMPILED) && TAOTRACE_COMPILE=1 $(abspath $(PY)) setup.py -q build_ext --inplace -j 2 >build.log 2>&1 || { cat build.log; exit 1; } >&2
+	  --exclude=./.hypothesis --exclude=./.pytest_cache . | tar -x -C "$(COMPILED)"
+	@ln -sfn $(abspath $(VENV)) "$(COMPILED)/.venv"
+	@echo "compiling $$(cd "$(COMPILED)" && $(abspath $(PY)) -c 'from proxy.compiled import MODULES; print(len(MODULES))') modules with mypyc into $(COMPILED) (a minute the first time)..." >&2
+	@cd "$(COMPILED)" && TAOTRACE_COMPILE=1 $(abspath $(PY)) setup.py -q build_ext --inplace -j 2 >build.log 2>&1 || { cat build.log; exit 1; } >&2
+	@echo "built: $(COMPILED) is a copy of this tree with its modules compiled; run from there, e.g." >&2
+	@echo "  cd $(COMPILED) && .venv/bin/python -m proxy.compiled    # or: make test-compiled" >&2
 
 test-compiled: compiled system-deps
 	cd $(COMPILED) && PYTHONPATH=$(abspath $(COMPILED)) $(abspath $(PY)) -m pytest -q -p no:cacheprovider --compiled $(ARGS)

@@ -517,15 +517,14 @@ class Forwarder:
             return exc.response()
         path, _, query = target.partition("?")  # the path as the upstream sees it, the prefix stripped
         dialect = self.dialects.for_path(path)  # once per request: its reader then runs per event
-        try:
-            info = request_info(dialect, body, capture_content=self.capture_content, end_user=self.body_user)
-        except Exception:  # a dialect's bug (a plug-in's) must not cost the request: it goes unread
-            log.exception("could not read the request body as its dialect's")
-            info = (
-                RequestInfo(dialect.api, dialect.operation, dialect.provider, None, False)
-                if dialect is not None
-                else request_info(None, body)
-            )
+        if dialect is None:
+            info = request_info(None, body)
+        else:
+            try:
+                info = dialect.inspect(body, capture_content=self.capture_content, end_user=self.body_user)
+            except Exception as exc:  # noqa: BLE001 - a dialect's bug (a plug-in's): the request goes unread
+                self.sinks.failed("record", exc)
+                info = dialect.unread()
         gauge = self.metrics.in_flight.labels(upstream_name, info.api)
         gauge.inc()
         self.active += 1
@@ -556,8 +555,8 @@ class Forwarder:
         finally:
             try:
                 facts: Facts | None = x.facts()
-            except Exception:  # a bug of ours: the bookkeeping below must still run, or drains wait forever
-                log.exception("could not read what the request came to: it goes unrecorded")
+            except Exception as exc:  # noqa: BLE001 - a bug of ours: the bookkeeping below must still run
+                self.sinks.failed("record", exc)  # counted and logged; the request goes unrecorded
                 facts = None
             x.release_upstream()
             gauge.dec()

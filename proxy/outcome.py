@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from proxy.errors import ErrorType, error_type_for_status
+from proxy.frozen import Reduced, reduce_frozen
 
 __all__ = ["End", "Facts", "Outcome", "decide"]
 
@@ -51,6 +52,9 @@ class Facts:
     stream_error: bool = False  # the stream reported its own error (an error chunk or event)
     error_head: bytes = b""  # the first bytes of an error response's body (a 404 naming the model)
 
+    def __reduce__(self) -> Reduced:
+        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -61,9 +65,8 @@ class Outcome:
     error_type: ErrorType | Literal[""]
     at_last_byte: bool = False
 
-    def __reduce__(self) -> tuple[type[Outcome], tuple[int, ErrorType | Literal[""], bool]]:
-        # pickle and copy rebuild it through __init__: compiled, a frozen class refuses their setattr
-        return (Outcome, (self.status, self.error_type, self.at_last_byte))
+    def __reduce__(self) -> Reduced:
+        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def decide(facts: Facts) -> Outcome:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.frozen import Reduced, reduce_frozen
+
 __all__ = ["SSEDecoder", "SSEEvent", "DEFAULT_MAX_EVENT_BYTES"]
 
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
@@ -24,9 +26,8 @@ class SSEEvent:
     data: bytes
     id: str | None = None
 
-    def __reduce__(self) -> tuple[type[SSEEvent], tuple[str, bytes, str | None]]:
-        # pickle and copy rebuild it through __init__: compiled, a frozen class refuses their setattr
-        return (SSEEvent, (self.event, self.data, self.id))
+    def __reduce__(self) -> Reduced:
+        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 class SSEDecoder:

@@ -74,11 +74,53 @@ def test_the_plain_form_builds_a_class_without_slots_through_its_init() -> None:
     assert copy_with(form, obj, n=2.0) == dataclasses.replace(obj, n=2.0)
 
 
+def _frozen_classes() -> list[tuple[str, ast.ClassDef]]:
+    found = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse((ROOT / path).read_text())):
+            if isinstance(node, ast.ClassDef) and any("frozen=True" in ast.unparse(d) for d in node.decorator_list):
+                found.append((path, node))
+    return found
+
+
+def test_every_compiled_frozen_class_is_rebuilt_through_init() -> None:
+    """Compiled, a frozen dataclass refuses pickle's and copy's field-by-field setattr: each one
+    the build compiles says `__reduce__` (proxy/frozen.py)."""
+    classes = _frozen_classes()
+    assert len(classes) >= 10
+    missing = [
+        f"{path}: {node.name}"
+        for path, node in classes
+        if not any(isinstance(f, ast.FunctionDef) and f.name == "__reduce__" for f in node.body)
+    ]
+    assert not missing, missing
+
+
 def test_a_record_and_the_frozen_values_it_is_made_of_pickle_and_copy() -> None:
     """Code that embeds the proxy may pickle a record or copy it, whichever build it runs on (a
     compiled frozen class is rebuilt through `__init__`, not set field by field)."""
+    from proxy.dialects import DIALECTS
+    from proxy.outcome import Facts
+    from proxy.telemetry.aggregate import AttributeSet, HistogramPoint, MetricData, ScopeData, SumPoint, Temporality
+
     record = dataclasses.replace(record_for("chat_completions", "m", 200, random.Random(1)), usage=Usage(1, 2, 3, 4, 5))
-    values = [record, record.usage, SSEEvent("message", b"{}", "7"), Outcome(502, "stream_cut", True)]
+    chat = DIALECTS.for_path("/v1/chat/completions")
+    assert chat is not None
+    point = HistogramPoint({"api": "chat"}, 1, 2, (0, 1), 1, 0.5, 0.5, 0.5)
+    histogram = MetricData("h", "", "s", Temporality.CUMULATIVE, True, (1.0,), (point,))
+    scope = ScopeData("taotrace", "1", "", (histogram,))
+    values = [
+        record,
+        record.usage,
+        SSEEvent("message", b"{}", "7"),
+        Outcome(502, "stream_cut", True),
+        Facts(status=200, refused=None, end="complete"),
+        chat,
+        chat.inspect(b'{"model": "m", "stream": true, "temperature": 0.5}'),
+        AttributeSet.of({"api": "chat"}),
+        scope,
+        SumPoint({"api": "chat"}, 0, 1, 2),
+    ]
     for value in values:
         assert pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)) == value
         assert copy.deepcopy(value) == value and copy.copy(value) == value
@@ -86,9 +128,10 @@ def test_a_record_and_the_frozen_values_it_is_made_of_pickle_and_copy() -> None:
 
 def test_the_check_says_which_build_runs_and_from_where(capsys: pytest.CaptureFixture[str]) -> None:
     """`python -m proxy.compiled`, as deploy.md has users run it after installing."""
+    import proxy
     from proxy import compiled
 
     compiled.main()
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"{len(compiled.compiled_modules())} of the {len(MODULES)} modules")
-    assert any(line.startswith("taotrace imported from ") for line in out)
+    assert f"taotrace imported from {Path(proxy.__file__).resolve().parent}" in out

@@ -16,6 +16,7 @@ import orjson
 
 from proxy.dialects.content import Message, Part, bounded_json, no_messages
 from proxy.dialects.reader import MAX_MODEL_LENGTH, StreamReader, loads, model_name
+from proxy.frozen import Reduced, reduce_frozen
 
 __all__ = [
     "API_OTHER",
@@ -64,6 +65,9 @@ class RequestInfo:
     input_messages: str | None = None  # gen_ai.input.messages
     system_instructions: str | None = None  # gen_ai.system_instructions
 
+    def __reduce__(self) -> Reduced:
+        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
+
 
 def no_output_type(obj: dict[str, Any]) -> str | None:
     """A dialect without structured output: `gen_ai.output.type` is not recorded."""
@@ -96,7 +100,7 @@ class Dialect:
         anything unexpected yields model None."""
         obj = loads(body) if body else None
         if not isinstance(obj, dict):
-            return RequestInfo(self.api, self.operation, self.provider, None, False)
+            return self.unread()
         content = messages = system = None
         if capture_content:
             if any(key in obj for key in _CONTENT_KEYS):
@@ -116,6 +120,10 @@ class Dialect:
             input_messages=messages,
             system_instructions=system,
         )
+
+    def unread(self) -> RequestInfo:
+        """What a request of this dialect says when its body is not read (not JSON, or unreadable)."""
+        return RequestInfo(self.api, self.operation, self.provider, None, False)
 
     def request_params(self, obj: dict[str, Any]) -> tuple[tuple[str, ParamValue], ...]:
         """The GenAI `gen_ai.request.*` attributes a request body sets, validated and typed."""
@@ -142,6 +150,9 @@ class Dialect:
         reader = self.reader(capture_content)
         reader.read_body(body)
         return reader
+
+    def __reduce__(self) -> Reduced:
+        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def request_info(

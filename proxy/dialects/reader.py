@@ -7,6 +7,7 @@ input: a body that is not what the dialect promises degrades to "unknown", never
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -14,6 +15,7 @@ import orjson
 from mypy_extensions import mypyc_attr
 
 from proxy.dialects.content import Output, bounded_json
+from proxy.frozen import Reduced, reduce_frozen
 from proxy.sse import SSEEvent
 
 __all__ = [
@@ -43,18 +45,8 @@ class Usage:
     reasoning_tokens: int | None = None
     cache_creation_input_tokens: int | None = None  # written to the provider's cache (Anthropic)
 
-    def __reduce__(self) -> tuple[type[Usage], tuple[int | None, ...]]:
-        # pickle and copy rebuild it through __init__: compiled, a frozen class refuses their setattr
-        return (
-            Usage,
-            (
-                self.input_tokens,
-                self.output_tokens,
-                self.cached_input_tokens,
-                self.reasoning_tokens,
-                self.cache_creation_input_tokens,
-            ),
-        )
+    def __reduce__(self) -> Reduced:
+        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def loads(data: bytes) -> Any:
@@ -141,9 +133,10 @@ class StreamReader:
     )
 
     # Events whose type alone says they carry nothing we read: skip the JSON parse. ClassVar, so
-    # that compiled, `self.SKIP` still finds a subclass's own (an instance default would not).
-    SKIP: ClassVar[frozenset[str]] = frozenset()
-    MAX_CAPTURE: ClassVar[int] = 64 * 1024
+    # that compiled, `self.SKIP` still finds a subclass's own (an instance default would not);
+    # any container of names (a plug-in may write a set, a tuple), as Python accepts it.
+    SKIP: ClassVar[Container[str]] = frozenset()
+    MAX_CAPTURE: ClassVar[int] = 64 * 1024  # characters of the answer kept, with capture on
 
     def __init__(self, capture_content: bool = False) -> None:
         self.usage: Usage | None = None
