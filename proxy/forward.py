@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
@@ -433,6 +434,12 @@ def _ended_by(relay: _Relay, exc: Exception) -> End:
     return "internal"
 
 
+def _climbs(path: str) -> bool:
+    """A `.` or `..` segment, plain or percent-encoded (`%2e%2e`, `..%2f`): forwarded after the
+    upstream's base path, an upstream that resolves it would serve a path outside that base."""
+    return any(segment in (".", "..") for segment in unquote(path).split("/"))
+
+
 class Forwarder:
     """The aiohttp handler for every path of the proxy port."""
 
@@ -501,6 +508,9 @@ class Forwarder:
             raw = request.rel_url.raw_path_qs
             if raw[:1] != "/":
                 raise BadTarget("the request target must be a path starting with '/'")
+        path = raw.partition("?")[0]
+        if ("." in path or "%" in path) and _climbs(path):
+            raise BadTarget("the request path must not contain '.' or '..' segments")
         return raw
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:

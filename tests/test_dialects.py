@@ -233,6 +233,22 @@ def test_anthropic_messages_events() -> None:
     assert reader.error_type == "stream_error"
 
 
+def test_anthropic_stream_cut_before_message_delta_counts_its_tokens() -> None:
+    """`message_start`'s `output_tokens` is a placeholder (1): a stream that ends before
+    `message_delta` (the client broke off, the upstream cut it) reports the token events counted."""
+    from proxy.record import usage_of
+
+    reader = reader_for(API_MESSAGES)
+    assert reader is not None
+    start = {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 9, "output_tokens": 1}}}
+    reader.feed(ev(start, "message_start"))
+    for _ in range(4):
+        delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}}
+        assert reader.feed(ev(delta, "content_block_delta")) is True
+    usage, source = usage_of(reader, True, 4)
+    assert (usage.input_tokens, usage.output_tokens, source) == (9, 4, "counted")
+
+
 def test_unknown_events_pass_quietly() -> None:
     for api in (API_CHAT, API_RESPONSES, API_MESSAGES):
         reader = reader_for(api)

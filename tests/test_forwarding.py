@@ -252,3 +252,34 @@ async def test_no_warning_when_the_paths_do_not_double(
             async with client.get(p.url + path) as r:
                 assert r.status == 200
     assert not [r for r in caplog.records if "forwarded to" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/../admin", "/v1/../../admin", "/v1/./models", "/v1/%2e%2e/admin", "/v1/..%2fadmin", "/v1/%2E%2E", "/.."],
+)
+async def test_a_path_that_climbs_out_of_the_base_is_refused(start_proxy, upstream, target: str) -> None:
+    """Dot segments would leave the upstream's base path (`--upstream …/api`) at an upstream that
+    resolves them: a 400, never forwarded."""
+    async with start_proxy(upstream=upstream.url + "/api") as p:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(p.url.rsplit(":", 1)[1]))
+        writer.write(b"GET %s HTTP/1.1\r\nHost: p\r\nContent-Length: 0\r\n\r\n" % target.encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        body = await reader.read(4096)
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"bad_request" in body and b"'..' segments" in body
+    assert not upstream.seen
+
+
+@pytest.mark.parametrize("target", ["/v1/models/gpt-4.1", "/v1/files/a..b", "/v1/x%20y", "/v1/models?after=.."])
+async def test_dots_inside_a_segment_or_the_query_pass(start_proxy, upstream, target: str) -> None:
+    async with start_proxy(upstream=upstream.url + "/api") as p:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(p.url.rsplit(":", 1)[1]))
+        writer.write(b"GET %s HTTP/1.1\r\nHost: p\r\nContent-Length: 0\r\n\r\n" % target.encode())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert upstream.seen[-1].path_qs == "/api" + target

@@ -18,8 +18,9 @@ __all__ = ["API_MESSAGES", "DIALECT", "MessagesReader", "input_messages"]
 API_MESSAGES = "messages"
 
 
-def _usage(u: object, previous: Usage | None) -> Usage | None:
-    """Anthropic counts cache reads and writes apart from `input_tokens`; GenAI input includes them."""
+def _usage(u: object, previous: Usage | None, with_output: bool = True) -> Usage | None:
+    """Anthropic counts cache reads and writes apart from `input_tokens`; GenAI input includes them.
+    `with_output` False: leave out `output_tokens` (`message_start`'s is a placeholder, 1 or so)."""
     if not isinstance(u, dict):
         return previous
     prev = previous or Usage()
@@ -27,7 +28,7 @@ def _usage(u: object, previous: Usage | None) -> Usage | None:
     read = nonneg_int(u.get("cache_read_input_tokens"))
     write = nonneg_int(u.get("cache_creation_input_tokens"))
     total = None if base is None and read is None and write is None else (base or 0) + (read or 0) + (write or 0)
-    output = nonneg_int(u.get("output_tokens"))
+    output = nonneg_int(u.get("output_tokens")) if with_output else None
     return Usage(
         input_tokens=total if total is not None else prev.input_tokens,
         output_tokens=output if output is not None else prev.output_tokens,
@@ -81,7 +82,9 @@ class MessagesReader(StreamReader):
             message = obj.get("message")
             if isinstance(message, dict):
                 self._meta(message)
-                self.usage = _usage(message.get("usage"), self.usage)
+                # Its output count is a placeholder: a stream cut before `message_delta` has its
+                # output counted from the token events instead (record.usage_of).
+                self.usage = _usage(message.get("usage"), self.usage, with_output=False)
         elif kind == "message_delta":
             self.usage = _usage(obj.get("usage"), self.usage)
             delta = obj.get("delta")
