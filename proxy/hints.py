@@ -2,10 +2,12 @@
 
 Forwarding never changes because of them: the proxy stays transparent, the log says what to fix.
 
-The one known so far: an upstream given *with* the path the clients already send. With
+An upstream given *with* the path the clients already send. With
 `--upstream http://127.0.0.1:8000/v1` and clients on `http://127.0.0.1:8787/v1`, a request for
 `/v1/chat/completions` goes to `http://127.0.0.1:8000/v1/v1/chat/completions`, which no server
-answers (a 404 whose cause is far from obvious).
+answers (a 404 whose cause is far from obvious): `DoubledPrefix` sees it in the first requests.
+One given with an endpoint's path glued on (`…/v1/chat/completions`) is plain at start:
+`endpoint_suffix`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,29 @@ import logging
 
 from yarl import URL
 
-__all__ = ["DoubledPrefix"]
+__all__ = ["ENDPOINT_SUFFIXES", "DoubledPrefix", "endpoint_suffix"]
 
 WATCH_REQUESTS = 100  # after this many requests without the mistake, stop looking
+# The endpoints clients append to their base URL (the dialects' paths, and the model list).
+ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/embeddings", "/models")
+
+
+def endpoint_suffix(upstream: URL) -> str | None:
+    """A warning when the upstream's path ends with an endpoint's path, which clients add themselves."""
+    path = upstream.path.rstrip("/")
+    for suffix in ENDPOINT_SUFFIXES:
+        if path.endswith(suffix):
+            base = str(upstream.with_user(None).with_query(None)).rstrip("/")  # never a password in the log
+            root = base[: -len(suffix)]
+            # Clients send /v1/... themselves: an upstream ending in /v1 would double it (DoubledPrefix).
+            root = root.removesuffix("/v1")
+            return (
+                f"the upstream {base} ends with the endpoint path {suffix}, which clients add to their base URL "
+                f"themselves: a request for /v1{suffix} goes to {base}/v1{suffix}. Start the proxy with "
+                f"--upstream {root} and give clients the proxy's address with /v1 as their base URL "
+                "(forwarding is unchanged)."
+            )
+    return None
 
 
 class DoubledPrefix:

@@ -26,6 +26,7 @@ from proxy.app import ServerState, mirror_policy
 from proxy.banner import live_view_warning, startup_line
 from proxy.dialects import DIALECTS, Dialects
 from proxy.envproxy import forward_proxy_for
+from proxy.hints import endpoint_suffix
 from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
 from proxy.listen import CannotListen, bind
 from proxy.logs.origin import without_credentials
@@ -230,6 +231,10 @@ def run(settings: Settings) -> int:
         return 2
     if mirror:
         log.warning("%s", mirror)
+    for route in routes:
+        glued = endpoint_suffix(route.url)
+        if glued is not None:
+            log.warning("%s", glued)
     for route, forward in forwards:
         if forward is not None:
             where = "the upstream" if len(routes) == 1 else f"upstream {route.name}"

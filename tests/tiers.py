@@ -58,6 +58,7 @@ E2E_MODULES = frozenset(
         "tests/test_stack_files.py",
         "tests/test_stack_live.py",
         "tests/test_startup.py",
+        "tests/test_startup_hints.py::test_serve_says_at_start_that_the_upstream_has_an_endpoint_path_glued_on",
         "tests/test_tcp_network.py",
         "tests/test_ui_browser.py",
         "tests/test_worker_channel.py::test_a_worker_of_another_version_is_refused_and_the_group_serves_on",

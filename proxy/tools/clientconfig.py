@@ -27,6 +27,8 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from yarl import URL
 
+from proxy.hints import ENDPOINT_SUFFIXES
+
 __all__ = [
     "DEFAULT_BASE_URL", "ENDPOINT_SUFFIXES", "BaseURLError", "ClientSettings", "Target", "load_target",
     "key_hint", "key_places", "parse_base_url", "route_base_url", "shown_url",
@@ -34,7 +36,6 @@ __all__ = [
 
 DEFAULT_BASE_URL = "https://taotoken.net/api/v1"
 KEY_VARIABLES = ("TAOTRACE_API_KEY", "TAOTOKEN_API_KEY")
-ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/models", "/embeddings")
 _HOSTLIKE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?(?P<path>/\S*)?$")
 
 
