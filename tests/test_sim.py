@@ -206,6 +206,18 @@ async def test_paths_work_with_and_without_v1_and_health_answers(
         assert r.status == 404
 
 
+async def test_header_lines_the_proxy_passes_pass_and_longer_ones_get_a_json_431(
+    sim: SimRunning, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sim takes header lines as long as the proxy forwards (16 KiB), and answers a longer
+    one as the proxy does: a JSON error, with no traceback quoting the line."""
+    async with session.get(sim.url + "/v1/models", headers={"X-Big": "a" * 9000}) as r:
+        assert r.status == 200
+    async with session.get(sim.url + "/v1/models", headers={"X-Big": "secret" * 4000}) as r:
+        assert r.status == 431 and (await r.json())["error"]["type"] == "request_too_large"
+    assert "secret" not in caplog.text and "Traceback" not in caplog.text
+
+
 # --- physics through the wire --------------------------------------------------------------
 
 

@@ -259,3 +259,15 @@ def test_a_catalogue_file_overrides_and_adds_models() -> None:
     assert isinstance(by_name["tiny"], ModelSpec) and len(specs) == 4
     with pytest.raises(ValueError):
         catalogue_from({"models": [{"name": "x", "bogus": 1}]})
+
+
+def test_a_long_answer_reads_as_sentences_where_the_paragraph_starts_again() -> None:
+    """An answer longer than the text it is drawn from goes round it: the word after the last
+    full stop keeps its space."""
+    import re
+
+    from proxy.sim.text import plan_output
+
+    spec = DEFAULT_CATALOGUE[0]
+    out = plan_output(spec, max_tokens=min(400, spec.max_output_tokens), effort="minimal", seed="x")
+    assert out.answer and not re.search(r"[.,;:][A-Za-z]", out.text), out.text

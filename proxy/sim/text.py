@@ -67,7 +67,9 @@ class Output:
 
 
 def _take(pieces: tuple[str, ...], start: int, count: int) -> tuple[str, ...]:
-    out = [pieces[(start + i) % len(pieces)] for i in range(count)]
+    n = len(pieces)
+    # Past the paragraph's end it starts again: its first word then needs the space it lacks.
+    out = [pieces[j % n] if j % n or j < n else " " + pieces[0] for j in range(start, start + count)]
     if out:
         out[0] = out[0].lstrip(" ") or out[0]
     return tuple(out)
