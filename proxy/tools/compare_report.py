@@ -183,7 +183,7 @@ def text(doc: dict[str, Any]) -> str:
     for t in doc["targets"]:
         lines.append(f"  {t['label']}  {t['base_url']}  model {t['model']}")
     lines.append("")
-    rows = [("", "A p50", "A p95", "B p50", "B p95", "B - A [95% CI]", "")]
+    rows = [("", "A p50", "A p95", "B p50", "B p95", "B - A [95% CI]", "verdict")]
     for metric in METRICS:
         a, b = doc["summary"]["A"][metric.key], doc["summary"]["B"][metric.key]
         if a is None and b is None:
