@@ -216,9 +216,11 @@ def create_metrics_app(
     *,
     ui_token: str | None = None,
     trace_url: str = "",
+    proxy_port: int = 0,
 ) -> web.Application:
     """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`, and
-    the live view when one is given (`proxy/ui/`).
+    the live view when one is given (`proxy/ui/`). Any other path gets a JSON 404 saying this is
+    not the proxy's port (`proxy_port`, when known): an SDK given this port by mistake says so.
 
     `readiness()` says "ready" (200) or why not, e.g. "draining" (503).
     """
@@ -266,10 +268,18 @@ def create_metrics_app(
         state = readiness()
         return web.Response(status=200 if state == "ready" else 503, text=state + "\n")
 
+    where = f" (port {proxy_port})" if proxy_port else ""
+    message = f"taotrace: this is the metrics and live view port; send API requests to the proxy's port{where}"
+    wrong_port = {"error": {"message": message, "type": "not_found", "code": "not_found"}}
+
+    async def not_here(_request: web.Request) -> web.Response:
+        return web.json_response(wrong_port, status=404)
+
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if live is not None:
         add_ui_routes(app, live, token=ui_token, trace_url=trace_url)
+    app.router.add_route("*", "/{path:.*}", not_here)  # last: only what no route above claims
     return app

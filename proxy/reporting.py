@@ -173,7 +173,12 @@ class Reporting:
             self.live.in_flight, self.live.active = in_flight, active
         token = self.settings.ui_token.get_secret_value() if self.settings.ui_token is not None else None
         app = create_metrics_app(
-            self.metrics.registry.pages, readiness, self.live, ui_token=token, trace_url=self.settings.trace_url
+            self.metrics.registry.pages,
+            readiness,
+            self.live,
+            ui_token=token,
+            trace_url=self.settings.trace_url,
+            proxy_port=self.settings.port,
         )
         self._runner = GuardedAppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()

@@ -322,3 +322,14 @@ async def test_a_browser_without_the_token_gets_a_page_saying_how_to_log_in(
         for path, headers in (("/api/summary", browser), ("/", {"Accept": "application/json"}), ("/", {})):
             status, body = await _get(client, p.metrics_url + path, headers=headers)
             assert status == 401 and body["error"]["type"] == "unauthorized", (path, headers)
+
+
+async def test_an_api_request_sent_to_the_metrics_port_is_told_where_to_go(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
+    """An SDK pointed at the metrics port by mistake gets a JSON error it shows, not a bare 404."""
+    async with client.post(proxy.metrics_url + "/v1/chat/completions", json={"model": "m"}) as response:
+        body = await response.json()
+    assert response.status == 404 and body["error"]["type"] == "not_found"
+    assert "metrics and live view port" in body["error"]["message"]
+    assert "proxy's port" in body["error"]["message"]
