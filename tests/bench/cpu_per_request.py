@@ -26,24 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from procs import Proc, cpu_ns, free_port, wait_port
+from procs import Proc, cpu_ns, free_port, load_streams, wait_port
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
-
-
-def _load(port: int, concurrency: int, tokens: int, seconds: float) -> int:
-    out = subprocess.run(
-        [PY, str(HERE / "load.py"), "--port", str(port), "--concurrency", str(concurrency),
-         "--tokens", str(tokens), "--seconds", str(seconds)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    m = re.search(r"(\d+) streams, (\d+) errors", out)
-    if m is None:
-        raise RuntimeError(f"load.py printed no summary: {out!r}")
-    if int(m.group(2)):
-        raise RuntimeError(f"load.py: {out.strip()}")
-    return int(m.group(1))
 
 
 def _callgrind(action: str, pid: int, out: Path) -> int:
@@ -75,14 +61,14 @@ def measure(src: Path, env: dict[str, str], upstream: int, args: argparse.Namesp
     ).start()  # fmt: skip
     try:
         wait_port(port, 300 if args.callgrind else 30, proc.popen)
-        _load(port, args.concurrency, args.tokens, args.warmup)
+        load_streams(port, args.concurrency, args.tokens, args.warmup)
         if args.callgrind:
             _callgrind("-z", proc.pid, out)
-            streams = _load(port, args.concurrency, args.tokens, args.seconds)
+            streams = load_streams(port, args.concurrency, args.tokens, args.seconds)
             return _callgrind("-d", proc.pid, out) / streams
         pids = proc.pids(refresh=True)
         before = cpu_ns(pids)
-        streams = _load(port, args.concurrency, args.tokens, args.seconds)
+        streams = load_streams(port, args.concurrency, args.tokens, args.seconds)
         return (cpu_ns(pids) - before) / streams / 1e3
     finally:
         proc.popen.terminate()  # type: ignore[union-attr]

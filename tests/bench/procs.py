@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -185,3 +187,17 @@ async def http_get(port: int, path: str) -> bytes:
             pos = eol + 2 + size + 2
         body = bytes(out)
     return body
+
+
+def load_streams(port: int, concurrency: int, tokens: int, seconds: float) -> int:
+    """`load.py` against `port` (C streams started together, again and again for S seconds): the
+    streams completed. Raises when it printed no summary or counted an error."""
+    out = subprocess.run(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "load.py"), "--port", str(port),
+         "--concurrency", str(concurrency), "--tokens", str(tokens), "--seconds", str(seconds)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    m = re.search(r"(\d+) streams, (\d+) errors", out)
+    if m is None or int(m.group(2)):
+        raise RuntimeError(f"load.py: {out.strip()!r}")
+    return int(m.group(1))

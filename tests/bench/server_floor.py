@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from payload import run, stream_events
-from procs import Proc, cpu_ns, free_port, wait_port
+from procs import Proc, cpu_ns, free_port, load_streams, wait_port
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -67,18 +65,6 @@ async def serve(port: int, ttft: float, interval: float) -> None:
     await asyncio.Event().wait()
 
 
-def _load(port: int, concurrency: int, tokens: int, seconds: float) -> int:
-    out = subprocess.run(
-        [PY, str(HERE / "load.py"), "--port", str(port), "--concurrency", str(concurrency),
-         "--tokens", str(tokens), "--seconds", str(seconds)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    m = re.search(r"(\d+) streams, (\d+) errors", out)
-    if m is None or int(m.group(2)):
-        raise RuntimeError(f"load.py: {out.strip()!r}")
-    return int(m.group(1))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve", action="store_true", help="only run the aiohttp server, on --port")
@@ -107,12 +93,12 @@ def main() -> None:
         proc = Proc(name, [*argv, "--port", str(port)], args.logs / f"{port}.log").start()
         try:
             wait_port(port, 30, proc.popen)
-            _load(port, args.concurrency, short, 2.0)  # warm-up
+            load_streams(port, args.concurrency, short, 2.0)  # warm-up
             for _ in range(args.rounds):
                 for tokens in (short, long):
                     pids = proc.pids(refresh=True)
                     before = cpu_ns(pids)
-                    streams = _load(port, args.concurrency, tokens, args.seconds)
+                    streams = load_streams(port, args.concurrency, tokens, args.seconds)
                     cpu.setdefault((name, tokens), []).append((cpu_ns(pids) - before) / streams / 1e3)
                     time.sleep(0.5)
         finally:
