@@ -15,7 +15,6 @@ from aiohttp import web
 
 from proxy.lifecycle import Drained, Shutdown, drain, run_loop
 from proxy.listen import CannotListen, bind
-from proxy.protocol import GuardedAppRunner
 from proxy.sim.app import SIMULATOR, Simulator, create_app
 from proxy.sim.catalogue import DEFAULT_CATALOGUE, ModelSpec, catalogue_from
 from proxy.sim.settings import SimSettings
@@ -75,9 +74,7 @@ async def running(
     app.middlewares.append(tracked)
     # a client that leaves cancels its handler, which frees its batch slot and KV blocks
     socks = bind(settings.host, settings.port, port_flag="--port", host_flag="--host")
-    # The proxy's runner: a request the parser refuses gets a JSON error naming what was wrong, and
-    # no traceback quoting the line (which can hold a key).
-    runner = GuardedAppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=DRAIN_SECONDS)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=DRAIN_SECONDS)
     await runner.setup()
     try:
         for sock in socks:
