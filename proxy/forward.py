@@ -840,8 +840,10 @@ class Forwarder:
         return self.wall_clock() - (now - (t if t is not None else now))
 
     def _cost(self, model: str | None, response_model: str | None, usage: Usage, source: str) -> Cost | None:
-        """Only usage the upstream reported is priced: a counted one lacks the input, so it would be a guess."""
-        if self.prices is None or source != "reported":
+        """Priced when the upstream reported the input: with its output, or with the output counted
+        when the stream ended before its final usage (Anthropic reports the input first; the
+        upstream bills at least what it streamed). A count alone lacks the input: a guess, never priced."""
+        if self.prices is None or (source != "reported" and usage.input_tokens is None):
             return None
         return cost_of(self.prices, usage, model, response_model)
 

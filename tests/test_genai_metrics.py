@@ -416,3 +416,25 @@ def test_only_a_serving_process_gives_the_gil_back_while_it_records(serving: boo
     finally:
         genai.stop()
         shutdown_meter_provider(provider, 1.0)
+
+
+def test_token_usage_is_what_was_reported_never_a_count() -> None:
+    """`gen_ai.client.token.usage` holds billed counts only: a stream whose output was counted
+    records its input when the upstream reported it (Anthropic's `message_start`), not the count."""
+    from proxy.dialects import Usage
+
+    rnd = random.Random(6)
+    base = record_for("messages", "claude", 200, rnd)
+    records = [
+        replace(base, usage=Usage(1000, 7, None, None), usage_source="reported"),
+        replace(base, usage=Usage(2000, 5, None, None), usage_source="counted"),  # cut before message_delta
+        replace(base, usage=Usage(None, 9, None, None), usage_source="counted"),  # no usage at all
+    ]
+    pipeline = MetricPipeline({}, clock=lambda: 1)
+    genai = GenAIMetrics(pipeline, server_address="api.example", server_port=443, models=ModelLabels())
+    for rec in records:
+        genai(rec)
+    genai.stop()
+    usage = next(m for s in pipeline.collect() for m in s.metrics if m.name == "gen_ai.client.token.usage")
+    by_type = {p.attributes["gen_ai.token.type"]: (p.count, p.sum) for p in usage.points}
+    assert by_type == {"input": (2, 3000), "output": (1, 7)}

@@ -179,6 +179,31 @@ async def test_cost_on_spans_and_counters(start_proxy: ProxyFactory, client: aio
     assert len(got) == 3  # the 400 (no usage) is neither priced nor unpriced
 
 
+async def test_an_anthropic_stream_cut_before_its_final_usage_is_priced_on_its_reported_input(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    """`message_start` reports the input; a stream that ends before `message_delta` has its output
+    counted from the token events. Its cost prices both (a floor of the bill), and the GenAI token
+    metric and the span keep the reported input, never the count."""
+    from tests.fakes import named, stream_handler
+
+    start = {"type": "message_start", "message": {"id": "m", "model": "claude-sonnet-4-5",
+                                                  "usage": {"input_tokens": 1000, "output_tokens": 1}}}  # fmt: skip
+    delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}}
+    events = [named("message_start", start), *[named("content_block_delta", delta)] * 5]  # no message_delta
+    async with start_proxy(prices=str(EXAMPLE)) as p:
+        p.serve(stream_handler(events))
+        body = {"model": "claude-sonnet-4-5", "stream": True, "max_tokens": 10, "messages": []}
+        async with client.post(p.url + "/v1/messages", json=body) as r:
+            await r.read()
+    (rec,) = p.records
+    assert (rec.usage.input_tokens, rec.usage.output_tokens, rec.usage_source) == (1000, 5, "counted")
+    assert rec.cost is not None and rec.cost.amount == pytest.approx((1000 * 3.00 + 5 * 15.00) / 1e6, rel=1e-12)
+    (root,) = [s for s in p.spans() if s.kind.name == "CLIENT"]
+    assert root.attributes["gen_ai.usage.input_tokens"] == 1000
+    assert "gen_ai.usage.output_tokens" not in root.attributes  # a count is not billed usage
+
+
 async def test_no_cost_series_without_a_price_table(start_proxy: ProxyFactory, client: aiohttp.ClientSession) -> None:
     async with start_proxy() as p:
         p.serve(json_handler(_chat("gpt-4o", 10, 0, 10)))

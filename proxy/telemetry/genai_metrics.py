@@ -258,8 +258,11 @@ class GenAIMetrics:
         sets = self._sets.get(kind)
         if sets is None:
             sets = self._made(kind)
-        # The spec: billable counts as reported; never estimated (a counted stream has none).
-        u = rec.usage if rec.usage_source == "reported" else None
+        # The spec: billable counts as reported; never estimated. A counted stream's output is a
+        # count, not billed usage; its input, when the upstream reported it first (Anthropic), is.
+        u = rec.usage
+        if rec.usage_source != "reported":
+            u = Usage(input_tokens=u.input_tokens) if u.input_tokens is not None else None
         for client in self.sets:
             client.record(rec, sets, u)
         if t.network is not None:
