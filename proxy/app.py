@@ -272,14 +272,19 @@ def create_metrics_app(
     message = f"taotrace: this is the metrics and live view port; send API requests to the proxy's port{where}"
     wrong_port = {"error": {"message": message, "type": "not_found", "code": "not_found"}}
 
-    async def not_here(_request: web.Request) -> web.Response:
-        return web.json_response(wrong_port, status=404)
+    @web.middleware
+    async def not_here(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        # Only the router's own 404 (no route has this path): its 405s keep their `Allow`.
+        if isinstance(request.match_info.http_exception, web.HTTPNotFound):
+            return web.json_response(wrong_port, status=404)
+        return await handler(request)
 
-    app = web.Application()
+    app = web.Application(middlewares=[not_here])
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if live is not None:
         add_ui_routes(app, live, token=ui_token, trace_url=trace_url)
-    app.router.add_route("*", "/{path:.*}", not_here)  # last: only what no route above claims
     return app

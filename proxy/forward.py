@@ -435,9 +435,16 @@ def _ended_by(relay: _Relay, exc: Exception) -> End:
 
 
 def _climbs(path: str) -> bool:
-    """A `.` or `..` segment, plain or percent-encoded (`%2e%2e`, `..%2f`): forwarded after the
-    upstream's base path, an upstream that resolves it would serve a path outside that base."""
-    return any(segment in (".", "..") for segment in unquote(path).split("/"))
+    r"""A `.` or `..` segment as some upstream may read it: forwarded after the upstream's base
+    path, an upstream that resolves it would serve a path outside that base. Read the widest way:
+    percent-decoded until it stops changing (`%2e%2e`, `..%2f`, `%252e`), `\` as `/` (Node's URL,
+    IIS), and a segment's `;params` dropped (`..;/`: Tomcat, Jetty, Spring)."""
+    for _ in range(3):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    return any(segment.partition(";")[0] in (".", "..") for segment in path.replace("\\", "/").split("/"))
 
 
 class Forwarder:

@@ -19,8 +19,9 @@ from yarl import URL
 __all__ = ["ENDPOINT_SUFFIXES", "DoubledPrefix", "endpoint_suffix"]
 
 WATCH_REQUESTS = 100  # after this many requests without the mistake, stop looking
-# The endpoints clients append to their base URL (the dialects' paths, and the model list).
-ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/embeddings", "/models")
+# The endpoints clients append to their base URL: the dialects' paths. (Not `/models`: a few
+# gateways' bases end so, e.g. Hugging Face's legacy inference API.)
+ENDPOINT_SUFFIXES = ("/chat/completions", "/completions", "/responses", "/messages", "/embeddings")
 
 
 def endpoint_suffix(upstream: URL) -> str | None:
@@ -28,14 +29,15 @@ def endpoint_suffix(upstream: URL) -> str | None:
     path = upstream.path.rstrip("/")
     for suffix in ENDPOINT_SUFFIXES:
         if path.endswith(suffix):
-            base = str(upstream.with_user(None).with_query(None)).rstrip("/")  # never a password in the log
-            root = base[: -len(suffix)]
-            # Clients send /v1/... themselves: an upstream ending in /v1 would double it (DoubledPrefix).
+            shown = upstream.with_user(None).with_query(None).with_fragment(None)  # never a password in the log
+            base = str(shown).rstrip("/")
+            root = str(shown.with_path(path[: -len(suffix)])).rstrip("/")
+            # An endpoint URL copied whole (`…/v1/chat/completions`): the clients send `/v1` themselves.
             root = root.removesuffix("/v1")
             return (
-                f"the upstream {base} ends with the endpoint path {suffix}, which clients add to their base URL "
-                f"themselves: a request for /v1{suffix} goes to {base}/v1{suffix}. Start the proxy with "
-                f"--upstream {root} and give clients the proxy's address with /v1 as their base URL "
+                f"the upstream {base} ends with the endpoint path {suffix}, which clients add themselves: each "
+                f"request goes to it followed by the client's own path ({suffix} twice). Start the proxy with "
+                f"--upstream {root}, and point clients at the proxy as they would at {root} "
                 "(forwarding is unchanged)."
             )
     return None

@@ -234,7 +234,7 @@ def run(settings: Settings) -> int:
     for route in routes:
         glued = endpoint_suffix(route.url)
         if glued is not None:
-            log.warning("%s", glued)
+            log.warning("%s%s", "" if len(routes) == 1 else f"route {route.name}: ", glued)
     for route, forward in forwards:
         if forward is not None:
             where = "the upstream" if len(routes) == 1 else f"upstream {route.name}"

@@ -15,9 +15,13 @@ from proxy.hints import endpoint_suffix
 @pytest.mark.parametrize(
     ("upstream_url", "fixed"),
     [
-        ("http://user:secret@127.0.0.1:9/api/v1/chat/completions", "--upstream http://127.0.0.1:9/api "),
-        ("http://127.0.0.1:9/v1/messages/", "--upstream http://127.0.0.1:9 "),
-        ("http://127.0.0.1:9/embeddings", "--upstream http://127.0.0.1:9 "),
+        ("http://user:secret@127.0.0.1:9/api/v1/chat/completions", "--upstream http://127.0.0.1:9/api,"),
+        ("http://127.0.0.1:9/v1/messages/", "--upstream http://127.0.0.1:9,"),
+        (
+            "http://127.0.0.1:9/v1beta/openai/chat/completions",
+            "--upstream http://127.0.0.1:9/v1beta/openai,",
+        ),
+        ("http://127.0.0.1:9/embeddings", "--upstream http://127.0.0.1:9,"),
     ],
 )
 async def test_serve_says_at_start_that_the_upstream_has_an_endpoint_path_glued_on(
@@ -44,5 +48,8 @@ async def test_serve_says_at_start_that_the_upstream_has_an_endpoint_path_glued_
 
 
 def test_no_start_warning_for_an_upstream_base() -> None:
-    for base in ("https://taotoken.net/api", "http://127.0.0.1:8000/v1", "http://h/v1/chat", "http://h/models-eu"):
+    for base in (
+        "https://taotoken.net/api", "http://127.0.0.1:8000/v1", "http://h/v1/chat", "http://h/models-eu",
+        "https://api-inference.huggingface.co/models",
+    ):  # fmt: skip
         assert endpoint_suffix(URL(base)) is None, base

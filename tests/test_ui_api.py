@@ -333,3 +333,13 @@ async def test_an_api_request_sent_to_the_metrics_port_is_told_where_to_go(
     assert response.status == 404 and body["error"]["type"] == "not_found"
     assert "metrics and live view port" in body["error"]["message"]
     assert "proxy's port" in body["error"]["message"]
+
+
+async def test_the_metrics_port_still_answers_a_wrong_method_with_405(
+    proxy: Proxied, client: aiohttp.ClientSession
+) -> None:
+    for method, path in (("POST", "/metrics"), ("DELETE", "/healthz"), ("POST", "/api/summary")):
+        async with client.request(method, proxy.metrics_url + path) as response:
+            assert response.status == 405 and "GET" in response.headers["Allow"], (method, path)
+    async with client.get(proxy.metrics_url + "/ui/nothing.js") as response:
+        assert response.status == 404 and "proxy's port" not in await response.text()  # the view's own 404

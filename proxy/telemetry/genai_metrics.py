@@ -260,9 +260,10 @@ class GenAIMetrics:
             sets = self._made(kind)
         # The spec: billable counts as reported; never estimated. A counted stream's output is a
         # count, not billed usage; its input, when the upstream reported it first (Anthropic), is.
-        u = rec.usage
+        u: Usage | None = rec.usage
         if rec.usage_source != "reported":
-            u = Usage(input_tokens=u.input_tokens) if u.input_tokens is not None else None
+            given = rec.usage.input_tokens
+            u = Usage(input_tokens=given) if given is not None else None
         for client in self.sets:
             client.record(rec, sets, u)
         if t.network is not None:

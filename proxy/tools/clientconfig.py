@@ -27,7 +27,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from yarl import URL
 
-from proxy.hints import ENDPOINT_SUFFIXES
+from proxy.hints import ENDPOINT_SUFFIXES as _DIALECT_SUFFIXES
 
 __all__ = [
     "DEFAULT_BASE_URL", "ENDPOINT_SUFFIXES", "BaseURLError", "ClientSettings", "Target", "load_target",
@@ -36,6 +36,7 @@ __all__ = [
 
 DEFAULT_BASE_URL = "https://taotoken.net/api/v1"
 KEY_VARIABLES = ("TAOTRACE_API_KEY", "TAOTOKEN_API_KEY")
+ENDPOINT_SUFFIXES = (*_DIALECT_SUFFIXES, "/models")  # what a client's base URL must not end with
 _HOSTLIKE = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>\d{1,5}))?(?P<path>/\S*)?$")
 
 
