@@ -227,6 +227,11 @@ def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
             big = next(r for r in rows if r["model"] == "gpt-4o" and r["output_tokens"] == 48)
             page.focus(f'#finished tr[data-id="{big["id"]}"]')
             page.keyboard.press("Enter")
+            # The running request's waterfall opened above may still be drawn: wait for this one's.
+            assert big["trace_id"]
+            page.wait_for_function(
+                "id => document.getElementById('trace-title').textContent.includes(id)", arg=big["trace_id"]
+            )
             page.wait_for_selector('.wf-row[data-span="decode"]')
             detail = demo.api(f"/api/requests/{big['id']}")
             spans = {s["name"]: s["end"] - s["start"] for s in detail["spans"]}
