@@ -16,6 +16,8 @@ import logging
 
 from yarl import URL
 
+from proxy.logs.origin import without_credentials
+
 __all__ = ["ENDPOINT_SUFFIXES", "DoubledPrefix", "endpoint_suffix"]
 
 WATCH_REQUESTS = 100  # after this many requests without the mistake, stop looking
@@ -29,9 +31,9 @@ def endpoint_suffix(upstream: URL) -> str | None:
     path = upstream.path.rstrip("/")
     for suffix in ENDPOINT_SUFFIXES:
         if path.endswith(suffix):
-            shown = upstream.with_user(None).with_query(None).with_fragment(None)  # never a password in the log
-            base = str(shown).rstrip("/")
-            root = str(shown.with_path(path[: -len(suffix)])).rstrip("/")
+            # An upstream has no query or fragment (settings.upstream_url refuses them).
+            base = without_credentials(upstream).rstrip("/")
+            root = without_credentials(upstream.with_path(path[: -len(suffix)])).rstrip("/")
             # An endpoint URL copied whole (`…/v1/chat/completions`): the clients send `/v1` themselves.
             root = root.removesuffix("/v1")
             return (
