@@ -54,6 +54,7 @@ ErrorType = Literal[
     "timeout",  # connect timeout, or the upstream went silent past the idle timeout: 504
     "stream_cut",  # the upstream closed the connection mid-body
     "stream_error",  # an error event inside a 200 stream
+    "stream_incomplete",  # a stream whose body ended cleanly without its dialect's end (no finish reason)
     "client_abort",  # the client went away before the end
     "shutdown",  # still running when the drain deadline passed
     "internal_error",  # a failure of the proxy's own code while relaying (logged with its traceback)

@@ -213,6 +213,12 @@ class _Relay:
         reader = self.reader
         return reader is not None and reader.done
 
+    @property
+    def unfinished(self) -> bool:
+        """A parsed stream without its dialect's defined end so far (`StreamReader.complete`)."""
+        reader = self.reader
+        return reader is not None and not reader.complete
+
     async def start(self, writer: AbstractStreamWriter, first: bytes, whole: bool) -> None:
         """Send the response head, which aiohttp holds (`RelayedResponse`): with `first`, the
         body bytes read with the upstream's head, in one write (with the body's end too when
@@ -381,6 +387,7 @@ class _Exchange:
             end="internal" if relay.failure is not None else self.end,  # then the client's leaving is our doing
             whole=relay.done or (upstream is not None and upstream.complete and not relay.lost),
             stream_error=relay.stream_error,
+            unfinished=relay.unfinished,
             error_head=bytes(copy[:4096]) if copy is not None and status >= 400 else b"",
         )
 

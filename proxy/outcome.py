@@ -13,7 +13,8 @@ words; the vocabulary is `proxy.errors.ErrorType`):
     complete                                            clean
 
     clean: the status's word (`error_type_for_status`), else stream_error if the stream
-           reported its own error, else "" (success)
+           reported its own error, else stream_incomplete if a parsed stream ended without its
+           dialect's defined end (an empty event stream included), else "" (success)
 
 "Whole answer": the stream's terminal event, or the whole body, was written to the client; many
 clients close right after it, and an upstream cutting the connection then has lost nothing.
@@ -51,6 +52,7 @@ class Facts:
     whole: bool = False  # the client had the whole answer when it ended
     stream_error: bool = False  # the stream reported its own error (an error chunk or event)
     error_head: bytes = b""  # the first bytes of an error response's body (a 404 naming the model)
+    unfinished: bool = False  # a parsed stream without its dialect's defined end (a finish reason, ...)
 
     def __reduce__(self) -> Reduced:
         return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
@@ -92,4 +94,6 @@ def _clean(facts: Facts, *, at_last_byte: bool) -> Outcome:
     error = error_type_for_status(facts.status, facts.error_head)
     if not error and facts.stream_error:
         error = "stream_error"
+    elif not error and facts.unfinished:
+        error = "stream_incomplete"
     return Outcome(facts.status, error, at_last_byte)

@@ -46,7 +46,7 @@ def completions_stream() -> list[bytes]:
             "id": "cmpl-1",
             "object": "text_completion",
             "model": "m",
-            "choices": [{"text": w, "index": 0, "finish_reason": None}],
+            "choices": [{"text": w, "index": 0, "finish_reason": "stop" if w == "c" else None}],
         }
         for w in ["a", "b", "c"]
     ]

@@ -23,7 +23,7 @@ from tests.conftest import ProxyFactory
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 FIRST = b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n'
-LAST = b"data: [DONE]\n\n"
+LAST = b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
 _DATA_SEGS_IN = 152  # struct tcp_info: tcpi_data_segs_in (Linux 4.6)
 
 Reply = Callable[[asyncio.StreamWriter], Coroutine[Any, Any, None]]

@@ -227,7 +227,9 @@ GOOD = [chat_chunk(role="assistant", content=""), chat_chunk("O"), chat_chunk("K
     [
         (sse(*GOOD, usage_chunk(5, 2)), "ok", "usage-only chunk (empty choices) parsed"),
         (sse(*GOOD), "ok", "no usage chunk"),
-        (sse(*GOOD, done=False), "fail", "before `data: [DONE]`"),
+        (sse(*GOOD, done=False), "ok", "no usage chunk"),  # some servers never send [DONE]
+        (sse(*GOOD[:-1]), "fail", "the stream ended without its end (no finish_reason)"),  # [DONE] alone
+        ([], "fail", "the stream ended without its end (no event at all)"),
         ([b"data: <html>oops</html>\n\n", *sse(*GOOD)], "fail", "not JSON"),
         (
             sse(

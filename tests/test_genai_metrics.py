@@ -70,7 +70,11 @@ def points(metrics: list[Any], name: str) -> list[Any]:
 async def exercise(proxy_url: str, upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
     """A stream whose first chunk (role only) comes 0.2 s before its first token, then a 401."""
     frames = sse(
-        chat_chunk(role="assistant", content=""), chat_chunk("Hi"), chat_chunk(" there"), usage_chunk(12, 2)
+        chat_chunk(role="assistant", content=""),
+        chat_chunk("Hi"),
+        chat_chunk(" there"),
+        chat_chunk(finish="stop"),
+        usage_chunk(12, 2),
     )  # 4 chunks: [DONE] is not one
     upstream.handler = stream_handler(frames, first_delay=0.02, gap=0.2)
     async with client.post(proxy_url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}) as r:
@@ -124,7 +128,7 @@ def check_spec_shape(metrics: list[Any], upstream: FakeUpstream, temporality: in
     assert ttft.sum - ttfc.sum > 0.15  # first chunk (role only) is not first token
     assert "taotrace.api" in attrs(ttft) and "taotrace.api" not in attrs(ttfc)  # ours only on ours
     (tpoc,) = points(metrics, "gen_ai.client.operation.time_per_output_chunk")
-    assert tpoc.count == 3  # per chunk after the first
+    assert tpoc.count == 4  # per chunk after the first
     assert 0.5 < tpoc.sum < 1.5
     phases: dict[object, int] = {}
     for p in points(metrics, "taotrace.phase.duration"):  # the 401 has no response model: its own point

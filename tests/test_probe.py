@@ -85,14 +85,23 @@ async def test_without_a_usage_chunk_tokens_are_counted() -> None:
     assert m.ok and m.output_tokens == 2 and m.usage_source == "counted" and not m.usage_reported
 
 
-async def test_a_stream_without_its_end_marker_is_an_error() -> None:
-    fake = await FakeUpstream(stream_handler(sse(chat_chunk("a"), done=False))).start()
+@pytest.mark.parametrize(
+    ("frames", "error"),
+    [
+        (sse(chat_chunk("a"), done=False), "the stream ended without its end"),
+        (sse(chat_chunk("a")), "the stream ended without its end"),  # [DONE] without a finish_reason
+        ([], "an empty event stream"),
+        (sse(chat_chunk("a"), chat_chunk(finish="stop"), done=False), None),  # [DONE] is optional
+    ],
+)
+async def test_a_stream_without_its_end_is_an_error(frames: list[bytes], error: str | None) -> None:
+    fake = await FakeUpstream(stream_handler(frames)).start()
     try:
         async with aiohttp.ClientSession() as session:
             m = await measure(session, fake.url, Call("chat_completions", "m", "hi", 5))
     finally:
         await fake.close()
-    assert not m.ok and m.error is not None and "end marker" in m.error
+    assert m.error == error and m.ok is (error is None)
 
 
 # --- probe against the simulator -----------------------------------------------------------

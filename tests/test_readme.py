@@ -315,3 +315,17 @@ def test_the_readme_blocks_run_as_written(readme_servers: dict[str, int]) -> Non
     assert ran >= 5
     assert {r["api"] for r in rows} >= {"chat_completions", "messages"}
     assert all(r["status"] == 200 for r in rows), rows
+
+
+def test_the_changelog_keeps_its_format() -> None:
+    # Keep a Changelog 1.1.0: `## [Unreleased]`, `## [X.Y.Z] - YYYY-MM-DD`, each with a link
+    # reference at the end, and only the format's six kinds of change as subsections.
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"(?m)^## (.*)$", text)
+    assert versions and versions[0] == "[Unreleased]", versions
+    for heading in versions[1:]:
+        assert re.fullmatch(r"\[\d+\.\d+\.\d+\] - \d{4}-\d{2}-\d{2}", heading), heading
+    for name in re.findall(r"\[([^\]]+)\]", " ".join(versions)):
+        assert re.search(rf"(?m)^\[{re.escape(name)}\]: \S+$", text), f"no link reference for [{name}]"
+    kinds = set(re.findall(r"(?m)^### (.*)$", text))
+    assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, kinds

@@ -148,7 +148,7 @@ async def test_an_exception_in_the_relay_is_internal_error_logged_with_its_stack
 async def test_a_reader_that_raises_is_still_a_parse_error() -> None:
     # Parsing is best effort: a stream the reader cannot follow is forwarded whole, and the
     # request is not an error (only its timing is partial).
-    frames = [b"data: {not json\n\n", *sse({"choices": [{"delta": {"content": "x"}}]})]
+    frames = [b"data: {not json\n\n", *sse({"choices": [{"delta": {"content": "x"}, "finish_reason": "stop"}]})]
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

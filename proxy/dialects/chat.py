@@ -30,6 +30,13 @@ class ChatReader(StreamReader):
             return False
         return self._read(event.event, obj)
 
+    @property
+    def complete(self) -> bool:
+        """A choice ended with a `finish_reason`. `data: [DONE]` alone is not an end (an engine
+        interrupting a generation sends it without one); nor is it required: some
+        OpenAI-compatible servers never send it."""
+        return bool(self.finish_reasons)
+
     def _read(self, kind: str, obj: dict[str, Any]) -> bool:
         if "error" in obj and obj["error"]:
             self.error_type = "stream_error"

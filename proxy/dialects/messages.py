@@ -59,6 +59,12 @@ class MessagesReader(StreamReader):
             return False
         return self._read(kind, obj)
 
+    @property
+    def complete(self) -> bool:
+        """`message_delta` gave the `stop_reason`. `message_stop` is not required: some
+        Anthropic-compatible gateways close the stream right after `message_delta`."""
+        return bool(self.finish_reasons)
+
     def _read(self, kind: str, obj: dict[str, Any]) -> bool:
         typ = obj.get("type")
         if isinstance(typ, str):

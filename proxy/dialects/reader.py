@@ -168,6 +168,13 @@ class StreamReader:
         self._read_whole(obj)
 
     @property
+    def complete(self) -> bool:
+        """The answer reached its dialect's defined end. By default its terminal event (`done`); a
+        dialect whose end is told elsewhere (chat's `finish_reason`) says so. A stream that ends
+        without it did not complete, however cleanly its body ended (`stream_incomplete`)."""
+        return self.done
+
+    @property
     def text(self) -> str | None:
         """The generated text, when capture is on."""
         out = self.out

@@ -113,6 +113,10 @@ class MessagesWriter:
             + named_event("message_stop", {"type": "message_stop"})
         )
 
+    def interrupted(self) -> bytes:
+        """Nothing more: the body just ends."""
+        return b""
+
     def error(self, error: SimError) -> bytes:
         return named_event("error", error_body("messages", error))
 

@@ -287,8 +287,8 @@ def _usage(prompt_tokens: int, handle: Handle, output: Output, produced: int) ->
 
 
 def _fail_at(req: SimRequest, output: Output) -> int | None:
-    """Token count after which `midstream` / `cut` strike: half-way, after at least one token."""
-    if req.failure in ("midstream", "cut"):
+    """Token count after which `midstream` / `cut` / `unfinished` strike: half-way, after at least one token."""
+    if req.failure in ("midstream", "cut", "unfinished"):
         return max(1, output.total // 2)
     return None
 
@@ -315,6 +315,9 @@ async def _stream(
     if await handle.next() != ADMITTED:  # pragma: no cover - the engine always admits first
         raise RuntimeError("engine protocol")
     try:
+        if req.failure == "empty":  # an engine refusing a prompt over its context window this way: 200, no event
+            await response.write_eof()
+            return response
         await response.write(writer.start(_usage(prompt_tokens, handle, output, 0)))
         if req.failure == "stall":
             await asyncio.sleep(sim.settings.stall_seconds)
@@ -329,6 +332,10 @@ async def _stream(
                 handle.cancel()
                 if req.failure == "cut":
                     _cut(request)
+                    return response
+                if req.failure == "unfinished":
+                    await response.write(writer.interrupted())
+                    await response.write_eof()
                     return response
                 await response.write(writer.error(injected("midstream")))
                 await response.write_eof()
@@ -359,6 +366,8 @@ async def _whole(
 ) -> web.StreamResponse:
     if await handle.next() != ADMITTED:  # pragma: no cover
         raise RuntimeError("engine protocol")
+    if req.failure == "empty":
+        raise injected("500")
     fail_at = _fail_at(req, output)
     done = 0
     async for done in _tokens(handle, output.total):

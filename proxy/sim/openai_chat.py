@@ -88,6 +88,10 @@ class ChatWriter:
     def error(self, error: SimError) -> bytes:
         return data_line(error_body("chat_completions", error))
 
+    def interrupted(self) -> bytes:
+        """`data: [DONE]` without a finish reason, as a real engine interrupting a generation sends."""
+        return DONE
+
     def body(self, usage: SimUsage) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.meta.output.text, "refusal": None}
         if self._reasoning:

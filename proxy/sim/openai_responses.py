@@ -176,6 +176,10 @@ class ResponsesWriter:
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return self._close_item() + self._event(kind, response=self._response(status, self._output(), usage))
 
+    def interrupted(self) -> bytes:
+        """Nothing more: the body just ends."""
+        return b""
+
     def error(self, error: SimError) -> bytes:
         return self._event("error", code=error.code, message=error.message, param=None)
 

@@ -16,7 +16,7 @@ from proxy.sim.errors import bad_request
 
 __all__ = ["FAILURES", "SimRequest", "parse_request"]
 
-FAILURES = frozenset({"429", "500", "503", "midstream", "cut", "stall"})
+FAILURES = frozenset({"429", "500", "503", "midstream", "cut", "stall", "unfinished", "empty"})
 _MARKER = re.compile(r"\[sim:([a-z0-9_-]+)\]")
 _EFFORT = frozenset({"minimal", "low", "medium", "high"})
 LEGACY_COMPLETIONS_DEFAULT_MAX = 16  # what /completions generates when max_tokens is absent

@@ -70,4 +70,9 @@ class Writer(Protocol):
 
     def error(self, error: SimError) -> bytes: ...
 
+    def interrupted(self) -> bytes:
+        """What an engine that stops a generation early sends before it ends the body cleanly
+        (no finish reason, no final event)."""
+        ...
+
     def body(self, usage: SimUsage) -> dict[str, Any]: ...

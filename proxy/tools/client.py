@@ -57,10 +57,6 @@ _PATHS = {
     API_RESPONSES: "/responses",
     API_MESSAGES: "/messages",
 }
-_ENDS = {
-    API_RESPONSES: ("response.completed", "response.incomplete", "response.failed"),
-    API_MESSAGES: ("message_stop",),
-}
 ANTHROPIC_VERSION = "2023-06-01"
 ERROR_TEXT_LIMIT = 300
 
@@ -157,7 +153,7 @@ class Measurement:
     token_events: int
     events: int  # SSE events received
     unparsed: int  # events that were neither JSON nor `[DONE]`
-    ended: bool  # the dialect's end marker arrived ([DONE], message_stop, response.completed)
+    ended: bool  # the dialect's defined end arrived (a finish reason, `response.completed`…: StreamReader.complete)
     usage_reported: bool
     input_tokens: int | None = None
     cached_tokens: int | None = None
@@ -202,7 +198,6 @@ class _Stream:
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.token_events = self.events = self.unparsed = 0
-        self.ended = False  # the dialect's end marker arrived
         self.error: str | None = None  # the first error event inside the stream
 
     def feed(self, chunk: bytes, t: float) -> None:
@@ -212,12 +207,15 @@ class _Stream:
         for event in self.decoder.feed(chunk):
             self._event(event, t)
 
+    @property
+    def ended(self) -> bool:
+        """The dialect's defined end arrived (`StreamReader.complete`): for chat a finish reason,
+        with or without `data: [DONE]`."""
+        return self.reader.complete
+
     def _event(self, event: SSEEvent, t: float) -> None:
         self.events += 1
-        if event.data == b"[DONE]":
-            self.ended = True
-            return
-        if event.data[:1] not in (b"{", b"["):
+        if event.data[:1] not in (b"{", b"[") and event.data != b"[DONE]":
             self.unparsed += 1
             return
         if self.reader.feed(event):
@@ -225,8 +223,6 @@ class _Stream:
             if self.t_first is None:
                 self.t_first = t
             self.t_last = t
-        if event.event in _ENDS.get(self.api, ()):
-            self.ended = True
         if self.reader.error_type and self.error is None:
             self.error = f"error in stream: {error_message(event.data)}"
 
@@ -362,7 +358,7 @@ async def measure(
     )
     t_end = clock()
     if status == 200 and error is None and not stream.ended:
-        error = "stream ended without its end marker"
+        error = "the stream ended without its end" if stream.events else "an empty event stream"
     connect = connect_timer.total - connecting if connect_timer is not None else None
     return _measurement(call, status, error, stream, t0, t_end, tcp, connect)
 

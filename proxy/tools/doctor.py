@@ -386,8 +386,9 @@ async def check_stream(state: _State) -> str:
         raise Failed(f"the upstream sent an {m.error}", "retry; if it persists, the model or provider is failing")
     if not m.ended:
         raise Failed(
-            f"the stream stopped before `data: [DONE]` ({m.error or 'no end marker'})",
-            "a proxy or load balancer cut the stream: check its timeouts and buffering",
+            f"the stream ended without its end ({'no event at all' if not m.events else 'no finish_reason'})",
+            "a proxy or load balancer cut the stream (check its timeouts and buffering), or the server "
+            "interrupted the generation (an engine answers a prompt over its context window this way)",
         )
     if not m.token_events:
         raise Failed("the stream parsed but carried no tokens", "check max_tokens and the model's output")

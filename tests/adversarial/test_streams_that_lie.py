@@ -20,10 +20,11 @@ from tests.fakes import (
     stream_handler,
 )
 
-TOKENS = sse(chat_chunk("a"), chat_chunk("b"), done=False)
+TOKENS = sse(chat_chunk("a"), chat_chunk("b"), chat_chunk(finish="stop"), done=False)
 
 LIES: dict[str, tuple[list[bytes], int]] = {
-    # name: (frames, token events the proxy should still count)
+    # name: (frames, token events the proxy should still count); 0 tokens: the stream carried no
+    # readable end either (stream_incomplete), the others end with a finish_reason
     "invalid-json": ([b"data: {not json\n\n", b'data: {"choices": [\n\n', *TOKENS, b"data: [DONE]\n\n"], 2),
     "json-of-the-wrong-shape": (
         [
@@ -45,8 +46,8 @@ LIES: dict[str, tuple[list[bytes], int]] = {
     "comments-only": ([b": keep-alive\n\n"] * 50, 0),
     "nul-and-binary": ([b"data: \x00\xff\xfe\n\n", b"id: \x00\n\n", *TOKENS], 2),
     "cr-only-lines": ([t.replace(b"\n", b"\r") for t in TOKENS], 2),
-    "event-over-1MiB": ([TOKENS[0], b'data: {"pad": "' + b"x" * (3 << 20) + b'"}\n\n', TOKENS[1]], 2),
-    "line-over-1MiB-in-small-reads": ([TOKENS[0], b"data: ", *([b"z" * 1000] * 2100), b"\n\n", TOKENS[1]], 2),
+    "event-over-1MiB": ([TOKENS[0], b'data: {"pad": "' + b"x" * (3 << 20) + b'"}\n\n', *TOKENS[1:]], 2),
+    "line-over-1MiB-in-small-reads": ([TOKENS[0], b"data: ", *([b"z" * 1000] * 2100), b"\n\n", *TOKENS[1:]], 2),
     "no-blank-line-ever": ([b"data: " + b"q" * 1000 + b"\n"] * 3000, 0),
     "no-newline-ever": ([b"r" * 65536] * 64, 0),
     "usage-lies": (
@@ -64,7 +65,7 @@ async def test_lying_streams_are_forwarded_untouched(proxy, client: aiohttp.Clie
     assert status == 200
     assert body == b"".join(frames)
     (rec,) = proxy.records
-    assert rec.error_type == ""
+    assert rec.error_type == ("" if tokens else "stream_incomplete")
     assert rec.timing.token_events == tokens
     assert rec.status_code == 200
 
