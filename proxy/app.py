@@ -145,6 +145,7 @@ def create_proxy_app(
         observers=observers,
         is_draining=lambda: state.draining,
         server_timing=settings.server_timing,
+        forwarded_for=settings.forwarded_for,
         attributor=accounting.attributor if accounting is not None else None,
         prices=accounting.prices if accounting is not None else None,
         running=state.requests if settings.ui else None,  # without the view, not even a set add

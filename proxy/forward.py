@@ -38,7 +38,7 @@ from proxy.accounting.prices import Cost, PriceTable, cost_of
 from proxy.accounting.ratelimits import read_rate_limits
 from proxy.dialects import DIALECTS, Dialect, Dialects, RequestInfo, StreamReader, Usage, is_chunk, request_info
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ErrorType, ProxyError
-from proxy.headers import request_headers, response_headers
+from proxy.headers import ForwardedFor, request_headers, response_headers
 from proxy.inflight import InFlight, InFlightRequests
 from proxy.logs.ratelimited import RateLimitedLog
 from proxy.logs.stack import stack_of
@@ -478,9 +478,11 @@ class Forwarder:
         mirror_dropped: Callable[[str], None] = lambda reason: None,
         dialects: Dialects = DIALECTS,
         warnings: RateLimitedLog | None = None,
+        forwarded_for: ForwardedFor = "append",
     ) -> None:
         """`mirror`: the policy and the upstream that copies go to (`proxy/mirror.py`);
-        `mirror_dropped(reason)` counts a copy refused by a cap."""
+        `mirror_dropped(reason)` counts a copy refused by a cap; `forwarded_for`: what a request
+        sent upstream carries of the client's address (`proxy/headers.py`)."""
         self.router = router
         self.dialects = dialects
         self.telemetry = telemetry
@@ -501,6 +503,7 @@ class Forwarder:
         self.is_draining = is_draining
         self.clock = clock
         self.server_timing = server_timing
+        self.forwarded_for = forwarded_for
         self.attributor = attributor
         self.prices = prices
         self.wall_clock = wall_clock  # epoch seconds: rate-limit resets given as dates
@@ -594,7 +597,7 @@ class Forwarder:
         self, request: web.BaseRequest, x: _Exchange, pool: UpstreamPool, target: str, body: bytes
     ) -> web.StreamResponse:
         """Send the request upstream and relay its answer; what happens is noted on `x`."""
-        headers = request_headers(request.headers.items(), request.remote)
+        headers = request_headers(request.headers.items(), request.remote, self.forwarded_for)
         self.telemetry.inject(x.span, headers)
         try:
             upstream = await pool.request(x.method, x.route.base_path + target, headers.items(), body, x.phase)

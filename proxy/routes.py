@@ -6,19 +6,21 @@ is stripped and the rest follows the route's base URL. `--upstream` is the route
 `--route /=URL` is given (`taotrace serve` refuses both at once: see `default_route_conflict`).
 
 A route's name is the `upstream` label of its metrics, spans and live-view rows: chosen by the
-operator (or the upstream's host), so the label stays as bounded as the configuration.
+operator, or derived from the configuration alone (`derived_names`), so the label stays as bounded
+as the configuration and the same for the same one.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from yarl import URL
 
-__all__ = ["Route", "Router", "default_route_conflict", "parse_route", "routes_for"]
+__all__ = ["Route", "Router", "default_route_conflict", "derived_names", "parse_route", "routes_for"]
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _SPEC = re.compile(r"^(?:([^:/=]+):)?(/[^=]*)=(.+)$")
@@ -68,8 +70,13 @@ def _name_of(url: URL) -> str:
     return (url.host or "upstream").lower()
 
 
-def parse_route(spec: str) -> Route:
-    """`[NAME:]/PREFIX=URL` -> Route. Raises ValueError saying what is wrong and the form expected."""
+def _host_port(url: URL) -> str:
+    host = _name_of(url)
+    return f"[{host}]:{url.port}" if ":" in host else f"{host}:{url.port}"  # an IPv6 address bracketed
+
+
+def _parse(spec: str) -> tuple[str | None, str, URL]:
+    """`[NAME:]/PREFIX=URL` -> (the NAME given or None, prefix, URL); ValueError as `parse_route`."""
     m = _SPEC.match(spec.strip())
     if m is None:
         raise ValueError(f"not a route: {spec[:80]!r}; expected e.g. {EXAMPLE}")
@@ -77,33 +84,71 @@ def parse_route(spec: str) -> Route:
     if not _PREFIX.match(prefix):
         raise ValueError(f"route prefix {m.group(2)[:60]!r} must be a path such as /anthropic (no ?, #, = or //)")
     url = _url(raw)
-    name = name.strip().lower() if name is not None else _name_of(url)
-    if not _NAME.match(name):
-        raise ValueError(
-            f"route name {name[:40]!r} must be 1-63 characters: lowercase letters, digits, '.', '_', '-' (a metric label)"
-        )
-    return Route(name, prefix, url)
+    if name is not None:
+        name = name.strip().lower()
+        if not _NAME.match(name):
+            raise ValueError(
+                f"route name {name[:40]!r} must be 1-63 characters: lowercase letters, digits, '.', '_', '-' "
+                "(a metric label)"
+            )
+    return name, prefix, url
+
+
+def parse_route(spec: str) -> Route:
+    """`[NAME:]/PREFIX=URL` -> Route, named NAME or, alone, its URL's host (`routes_for` names a
+    route among the others). Raises ValueError saying what is wrong and the form expected."""
+    name, prefix, url = _parse(spec)
+    return Route(name if name is not None else _name_of(url), prefix, url)
+
+
+def derived_names(unnamed: Sequence[tuple[str, URL]], taken: Iterable[str] = ()) -> list[str]:
+    """Names for routes given none, from (prefix, URL) pairs with distinct prefixes: the URL's
+    host where no other of them has that host and no route was given it as its name (`taken`);
+    else `host:port` where that tells them apart; else `/prefix=host:port`, which the prefix makes
+    unique. Depends on the configuration alone, so the same routes get the same names."""
+    taken = set(taken)
+    hosts = Counter(_name_of(url) for _, url in unnamed)
+    names = [_name_of(url) for _, url in unnamed]
+    clashing = [i for i, name in enumerate(names) if hosts[name] > 1 or name in taken]
+    host_ports = Counter(_host_port(unnamed[i][1]) for i in clashing)
+    for i in clashing:
+        prefix, url = unnamed[i]
+        name = _host_port(url)
+        names[i] = name if host_ports[name] == 1 else f"{prefix or '/'}={name}".lower()
+    # Only prefixes that differ in case alone can still meet (a name is lowercase): numbered, in order.
+    seen: set[str] = set(taken)
+    for i, name in enumerate(names):
+        n = 1
+        while names[i] in seen:
+            n += 1
+            names[i] = f"{name}-{n}"
+        seen.add(names[i])
+    return names
 
 
 def routes_for(upstream: str, specs: Iterable[str]) -> tuple[Route, ...]:
-    """The routes of a proxy: each `--route`, and `--upstream` for `/` unless a route claims it.
-    Raises ValueError on two routes with one prefix or one name."""
-    routes = [parse_route(s) for s in specs]
-    if not any(r.prefix == "" for r in routes):
-        url = _url(upstream)
-        routes.append(Route(_name_of(url), "", url))
-    by_prefix: dict[str, Route] = {}
-    by_name: dict[str, Route] = {}
-    for r in routes:
-        if r.prefix in by_prefix:
-            raise ValueError(f"two routes for the prefix {r.shown_prefix}; give each prefix once")
-        if r.name in by_name:
-            raise ValueError(
-                f"two routes are named {r.name!r} ({by_name[r.name].shown_prefix} and {r.shown_prefix}); "
-                "name them: --route NAME:/prefix=URL"
-            )
-        by_prefix[r.prefix] = by_name[r.name] = r
-    return tuple(routes)
+    """The routes of a proxy: each `--route`, and `--upstream` for `/` unless a route claims it;
+    the unnamed ones named by `derived_names`. Raises ValueError on two routes with one prefix,
+    or two given one name."""
+    parsed = [_parse(s) for s in specs]
+    if not any(prefix == "" for _, prefix, _ in parsed):
+        parsed.append((None, "", _url(upstream)))
+    by_prefix: set[str] = set()
+    by_name: dict[str, str] = {}
+    for name, prefix, _ in parsed:
+        shown = prefix or "/"
+        if prefix in by_prefix:
+            raise ValueError(f"two routes for the prefix {shown}; give each prefix once")
+        by_prefix.add(prefix)
+        if name is not None:
+            if name in by_name:
+                raise ValueError(
+                    f"two routes are named {name!r} ({by_name[name]} and {shown}); give each route its own name"
+                )
+            by_name[name] = shown
+    unnamed = [(prefix, url) for name, prefix, url in parsed if name is None]
+    derived = iter(derived_names(unnamed, by_name))
+    return tuple(Route(name if name is not None else next(derived), prefix, url) for name, prefix, url in parsed)
 
 
 def default_route_conflict(upstream_given: bool, specs: Iterable[str]) -> str | None:

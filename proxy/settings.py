@@ -14,6 +14,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
+from proxy.headers import ForwardedFor
+
 DEFAULT_UPSTREAM = "https://taotoken.net/api"
 DEFAULT_MIRROR_PATHS = ("/chat/completions", "/responses", "/messages")
 
@@ -114,7 +116,8 @@ class Settings(BaseSettings):
     routes: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="[NAME:]/PREFIX=URL: requests under PREFIX go to URL, the prefix stripped; the longest prefix "
-        "wins; NAME (default: the URL's host) is the upstream label (repeatable; env: comma separated)",
+        "wins; NAME (default: the URL's host, or host:port when routes share a host) is the upstream label "
+        "(repeatable; env: comma separated)",
         json_schema_extra={"flag": "--route", "metavar": "[NAME:]/PREFIX=URL"},
     )
     host: str = Field("127.0.0.1", min_length=1, description="address the proxy listens on")
@@ -155,6 +158,12 @@ class Settings(BaseSettings):
         description="a caller's traceparent: child (the proxy's span joins the caller's trace), link (a new "
         "trace whose root links to the caller's span; the caller's traceparent goes upstream unchanged), none "
         "(a new trace, no link; the caller's traceparent goes upstream unchanged)",
+    )
+    forwarded_for: ForwardedFor = Field(
+        "append",
+        description="what a request sent upstream carries of the client's address: append (added to the "
+        "client's X-Forwarded-For), forwarded (this hop added to the RFC 7239 Forwarded header; X-Forwarded-For "
+        "passes as the client sent it), off (nothing added)",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="how much the proxy logs")
     access_log: bool = Field(False, description="one log line per request (no keys, no query strings)")
@@ -297,7 +306,7 @@ class Settings(BaseSettings):
         routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
         return value
 
-    _lower_level = field_validator("log_level", mode="before")(lower)
+    _lower_level = field_validator("log_level", "forwarded_for", mode="before")(lower)
     _check_trace_url = field_validator("trace_url")(check_trace_url)
     _empty_token = field_validator("ui_token")(empty_is_none)
 

@@ -118,6 +118,17 @@ def test_a_flag_beats_a_bad_variable_and_values_are_converted(monkeypatch: pytes
     assert (settings.port, settings.log_level, settings.model_allowlist) == (1234, "debug", ["a", "b"])  # type: ignore[attr-defined]
 
 
+def test_forwarded_for_from_a_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TAOTRACE_FORWARDED_FOR", raising=False)
+    parsed = parse(["serve"], environ={})
+    assert parsed is not None and parsed[1].forwarded_for == "append"  # type: ignore[attr-defined]
+    monkeypatch.setenv("TAOTRACE_FORWARDED_FOR", "Forwarded")  # any case, as --log-level
+    parsed = parse(["serve"])
+    assert parsed is not None and parsed[1].forwarded_for == "forwarded"  # type: ignore[attr-defined]
+    parsed = parse(["serve", "--forwarded-for", "off"])
+    assert parsed is not None and parsed[1].forwarded_for == "off"  # type: ignore[attr-defined]
+
+
 def test_several_bad_flags_get_a_line_each(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--port", "99999", "--connect-timeout", "-1"]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -93,6 +93,31 @@ async def test_headers_seen_upstream(proxy: Proxied) -> None:
     assert seen["Content-Length"] == str(len(body))
 
 
+@pytest.mark.parametrize(
+    ("mode", "x_forwarded_for", "forwarded"),
+    [
+        ("append", ["9.9.9.9, 127.0.0.1"], ["for=8.8.8.8"]),
+        ("forwarded", ["9.9.9.9"], ["for=8.8.8.8, for=127.0.0.1"]),
+        ("off", ["9.9.9.9"], ["for=8.8.8.8"]),
+    ],
+)
+async def test_forwarded_for_modes_as_the_upstream_sees_them(
+    start_proxy: ProxyFactory, mode: str, x_forwarded_for: list[str], forwarded: list[str]
+) -> None:
+    async with start_proxy(forwarded_for=mode) as p:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(p.url.rsplit(":", 1)[1]))
+        writer.write(
+            b"GET /v1/models HTTP/1.1\r\nHost: proxy.example\r\nX-Forwarded-For: 9.9.9.9\r\n"
+            b"Forwarded: for=8.8.8.8\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    seen = p.upstream.seen[-1].headers
+    assert (seen.getall("X-Forwarded-For"), seen.getall("Forwarded")) == (x_forwarded_for, forwarded)
+
+
 async def test_expect_100_continue_is_answered_and_an_unknown_expectation_refused(proxy: Proxied) -> None:
     port = int(proxy.url.rsplit(":", 1)[1])
     body = b'{"model":"m"}'

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cli import main
-from proxy.routes import Route, Router, default_route_conflict, parse_route, routes_for
+from proxy.routes import Route, Router, default_route_conflict, derived_names, parse_route, routes_for
 from proxy.settings import Settings
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
@@ -60,10 +60,71 @@ def test_routes_for_adds_upstream_for_root_and_refuses_duplicates() -> None:
     routes = routes_for("https://taotoken.net/api", ["/anthropic=https://api.anthropic.com"])
     assert [(r.name, r.prefix) for r in routes] == [("api.anthropic.com", "/anthropic"), ("taotoken.net", "")]
     assert [r.name for r in routes_for("https://taotoken.net/api", ["o:/=http://other"])] == ["o"]  # the route wins
-    with pytest.raises(ValueError, match="two routes for the prefix /a"):
+    with pytest.raises(ValueError, match="two routes for the prefix /a; give each prefix once"):
         routes_for("https://t", ["x:/a=http://h", "y:/a/=http://h"])
-    with pytest.raises(ValueError, match="two routes are named '127.0.0.1'"):
-        routes_for("https://t", ["/a=http://127.0.0.1:1", "/b=http://127.0.0.1:2"])
+    with pytest.raises(ValueError, match="two routes for the prefix /; give each prefix once"):
+        routes_for("https://t", ["/=http://h", "/=http://g"])
+    with pytest.raises(ValueError, match=r"two routes are named 'x' \(/a and /b\); give each route its own name"):
+        routes_for("https://t", ["x:/a=http://127.0.0.1:1", "X:/b=http://127.0.0.1:2"])
+
+
+def _names(upstream: str, *specs: str) -> list[tuple[str, str]]:
+    return [(r.shown_prefix, r.name) for r in routes_for(upstream, specs)]
+
+
+def test_unnamed_routes_get_distinct_names_from_their_urls() -> None:
+    # Two local engines on two ports: host:port, and the host alone for the one host no other route has.
+    assert _names("https://taotoken.net/api", "/a=http://127.0.0.1:8001", "/b=http://127.0.0.1:8002") == [
+        ("/a", "127.0.0.1:8001"),
+        ("/b", "127.0.0.1:8002"),
+        ("/", "taotoken.net"),
+    ]
+    # --upstream takes part: a third engine on the same host.
+    assert _names("http://127.0.0.1:8000/v1", "/a=http://127.0.0.1:8001", "/c=https://api.example.com") == [
+        ("/a", "127.0.0.1:8001"),
+        ("/c", "api.example.com"),
+        ("/", "127.0.0.1:8000"),
+    ]
+    # The same host and port (no port: the scheme's): the prefix tells them apart.
+    assert _names("http://h", "/fast=http://h/v1", "/Slow=http://h:80/v2", "/x=https://h") == [
+        ("/fast", "/fast=h:80"),
+        ("/Slow", "/slow=h:80"),
+        ("/x", "h:443"),
+        ("/", "/=h:80"),
+    ]
+    # IPv6 hosts bracketed before the port; a name given explicitly is never taken by another route.
+    assert _names("http://[::1]:8000", "/a=http://[::1]:8001", "h:/x=http://g", "/y=http://h", "/z=http://g") == [
+        ("/a", "[::1]:8001"),
+        ("/x", "h"),
+        ("/y", "h:80"),
+        ("/z", "g"),
+        ("/", "[::1]:8000"),
+    ]
+    # Prefixes differing only in case, to one host and port: numbered, in the order given.
+    assert _names("http://t", "/a=http://h", "/A=http://h") == [("/a", "/a=h:80"), ("/A", "/a=h:80-2"), ("/", "t")]
+
+
+def test_derived_names_are_stable_and_mirror_and_probe_find_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    specs = ["/a=http://127.0.0.1:8001", "/b=http://127.0.0.1:8002", "/c=http://127.0.0.1:8001/v2"]
+    names = _names("http://127.0.0.1:8000", *specs)
+    assert sorted(_names("http://127.0.0.1:8000", *reversed(specs))) == sorted(names)  # not the order given
+    assert names == [
+        ("/a", "/a=127.0.0.1:8001"),
+        ("/b", "127.0.0.1:8002"),
+        ("/c", "/c=127.0.0.1:8001"),
+        ("/", "127.0.0.1:8000"),
+    ]
+    settings = Settings(
+        upstream="http://127.0.0.1:8000", routes=specs, mirror="127.0.0.1:8002", mirror_ratio=0.1,
+        mirror_max_per_minute=1,
+    )  # fmt: skip
+    assert settings.mirror == "127.0.0.1:8002"
+    from proxy.tools.clientconfig import route_base_url
+
+    environ = {"TAOTRACE_ROUTES": ",".join(specs), "TAOTRACE_UPSTREAM": "http://127.0.0.1:8000"}
+    assert route_base_url("127.0.0.1:8002", environ) == "http://127.0.0.1:8002/v1"
+    assert route_base_url("/C=127.0.0.1:8001", environ) == "http://127.0.0.1:8001/v2/v1"
+    assert derived_names([("/a", parse_route("/a=http://h").url)], taken=["h"]) == ["h:80"]
 
 
 def test_upstream_and_a_root_route_together_are_a_conflict() -> None:
@@ -90,6 +151,24 @@ def test_router_longest_prefix_on_segment_boundaries() -> None:
 def test_settings_refuse_a_bad_route_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--route", "/a=notaurl"]) == 2
     assert "--route" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_real_duplicate_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TAOTRACE_ROUTES", raising=False)
+    routes = ["--route", "local:/a=http://127.0.0.1:8001", "--route", "local:/b=http://127.0.0.1:8002"]
+    assert main(["serve", "--port", "0", *routes]) == 2
+    assert capsys.readouterr().err == (
+        "taotrace serve: error: argument --route: two routes are named 'local' (/a and /b); give each route its "
+        "own name\n"
+    )
+    monkeypatch.setenv("TAOTRACE_ROUTES", "/a=http://127.0.0.1:8001,/a/=http://127.0.0.1:8002")
+    assert main(["serve", "--port", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "taotrace serve: error: TAOTRACE_ROUTES='/a=http://127.0.0.1:8001,/a/=http://127.0.0.1:8002': two routes "
+        "for the prefix /a; give each prefix once"
+    ]
 
 
 def test_serve_refuses_upstream_and_root_route_together(caplog: pytest.LogCaptureFixture) -> None:

@@ -5,8 +5,8 @@ family is one declaration in `Metrics.__init__`. When a prometheus_client `Colle
 passed in, the families are registered there as a collector too (tests read values through it).
 A request updates its histograms once, when it ends, from its frozen `RequestRecord`; the label
 children for an (upstream, api, model) triple are created once and reused. Every family that
-describes requests carries `upstream`, the route's name (`--route NAME:/prefix=URL`, default the
-upstream's host): bounded by the configuration.
+describes requests carries `upstream`, the route's name (`--route NAME:/prefix=URL`, by default
+derived from the upstream's URL: `proxy.routes.derived_names`): bounded by the configuration.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ and the header rules against any header set."""
 from __future__ import annotations
 
 import time
+from typing import get_args
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.headers import HOP_BY_HOP, request_headers, response_headers
+from proxy.headers import HOP_BY_HOP, ForwardedFor, request_headers, response_headers
 from proxy.sse import SSEDecoder, SSEEvent
 
 # --- SSE ------------------------------------------------------------------------------------
@@ -144,6 +145,7 @@ _names = st.one_of(
             "Cookie",
             "traceparent",
             "X-Forwarded-For",
+            "Forwarded",
             "Content-Type",
             "Keep-Alive",
             "TE",
@@ -156,8 +158,14 @@ _values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_siz
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(headers=st.lists(st.tuples(_names, _values), max_size=20), peer=st.one_of(st.none(), st.just("10.0.0.7")))
-def test_header_rules_hold_for_any_header_set(headers: list[tuple[str, str]], peer: str | None) -> None:
+@given(
+    headers=st.lists(st.tuples(_names, _values), max_size=20),
+    peer=st.one_of(st.none(), st.just("10.0.0.7"), st.just("2001:db8::1")),
+    mode=st.sampled_from(get_args(ForwardedFor)),
+)
+def test_header_rules_hold_for_any_header_set(
+    headers: list[tuple[str, str]], peer: str | None, mode: ForwardedFor
+) -> None:
     named = {
         token.strip().lower()
         for k, v in headers
@@ -166,10 +174,14 @@ def test_header_rules_hold_for_any_header_set(headers: list[tuple[str, str]], pe
         if token.strip()
     }
     never = HOP_BY_HOP | named | {"host", "content-length", "expect"}
-    for out in (request_headers(headers, peer), response_headers(headers)):
+    added = {"append": "x-forwarded-for", "forwarded": "forwarded", "off": ""}[mode]
+    for out in (request_headers(headers, peer, mode), response_headers(headers)):
         for key, value in out.items():
-            assert key.lower() not in never or key.lower() == "x-forwarded-for"
+            assert key.lower() not in never or key.lower() == added
             assert "\r" not in value and "\n" not in value
+    if peer and mode != "off":  # the proxy's hop: one header, last
+        names = [k.lower() for k in request_headers(headers, peer, mode)]
+        assert names.count(added) == 1 and names[-1] == added
     # Everything end-to-end passes, in order, untouched.
     sent = request_headers(headers, None)
     kept = [(k, v) for k, v in headers if k.lower() not in never]
