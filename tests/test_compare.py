@@ -22,13 +22,14 @@ import pytest
 
 from proxy.cli import main
 from proxy.sim import SimRunning, SimSettings, running
-from proxy.tools.client import request_for
+from proxy.tools.client import Measurement, request_for
 from proxy.tools.compare import CompareSettings, Progress, compare, sides_from
 from proxy.tools.compare_live import LiveError, live_prompts
-from proxy.tools.compare_plan import Sample, schedule
+from proxy.tools.compare_plan import METRICS, Sample, Step, schedule
 from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
 from proxy.tools.compare_report import TargetInfo, result, text
-from proxy.tools.compare_stats import MIN_PAIRS, paired_difference, percentile
+from proxy.tools.compare_stats import MIN_PAIRS, Difference, paired_difference, percentile
+from proxy.tools.compare_verdict import Thresholds, decide
 from tests.conftest import ProxyFactory
 from tests.fakes import chat_stream, stream_handler
 
@@ -96,6 +97,131 @@ def test_fewer_resamples_for_many_pairs_and_none_for_one() -> None:
     assert many is not None and many.resamples == 500 and many.diff == pytest.approx(0.1)
     one = paired_difference([(0.1, 0.3)], random.Random(0))
     assert one is not None and one.diff == pytest.approx(0.2) and one.low == one.high == pytest.approx(0.2)
+
+
+# --- the verdict: more than noise, and large enough to matter ------------------------------------
+
+BY_KEY = {m.key: m for m in METRICS}
+LIMITS = Thresholds(duration_s=0.005, per_token_s=0.0005, relative=0.05)  # the defaults
+
+
+def _certain(a: float, b: float, pairs: int = 15) -> Difference:
+    """A difference of medians whose interval excludes 0: more than noise, by construction."""
+    return Difference(pairs, a, b, min(b - a, 0.9 * (b - a)), max(b - a, 0.9 * (b - a)), 0.95)
+
+
+def test_the_reported_certain_0_015_ms_is_no_difference_that_matters() -> None:
+    d = decide(_certain(0.000034, 0.000019), BY_KEY["network_s"], LIMITS)
+    assert d.verdict == "below_threshold" and not d.matters
+    assert d.faster == "B"  # the statistics still say which way, and the report shows it
+    assert not d.above_absolute and d.above_relative  # 1.79x is far above 5%, 0.015 ms far below 5 ms
+    assert d.size_s == pytest.approx(0.000015) and d.share == pytest.approx(0.015 / 0.034)
+
+
+def test_50_ms_on_a_10_s_duration_fails_the_relative_threshold_alone() -> None:
+    d = decide(_certain(10.0, 9.95), BY_KEY["total_s"], LIMITS)
+    assert d.above_absolute and not d.above_relative
+    assert d.verdict == "below_threshold" and d.faster == "B" and d.share == pytest.approx(0.005)
+
+
+def test_a_difference_matters_when_it_passes_both() -> None:
+    d = decide(_certain(0.200, 0.150), BY_KEY["ttft_s"], LIMITS)
+    assert d.above_absolute and d.above_relative and d.matters
+    assert (d.verdict, d.faster) == ("faster", "B")
+    slower_b = decide(_certain(0.150, 0.200), BY_KEY["ttft_s"], LIMITS)
+    assert (slower_b.verdict, slower_b.faster) == ("faster", "A") and slower_b.share == pytest.approx(0.25)
+
+
+def test_a_difference_equal_to_a_threshold_reaches_it() -> None:
+    # 0.105 - 0.100 is 0.00499999… in floats: equal as written still counts
+    at_both = decide(_certain(0.100, 0.105), BY_KEY["ttft_s"], Thresholds(0.005, 0.0005, 0.005 / 0.105))
+    assert at_both.above_absolute and at_both.above_relative and at_both.verdict == "faster"
+    at_share = decide(_certain(0.100, 0.095), BY_KEY["ttft_s"], LIMITS)  # 5 ms of the slower 100 ms: 5%
+    assert at_share.above_absolute and at_share.above_relative and at_share.verdict == "faster"
+    just_under = decide(_certain(0.100, 0.1049), BY_KEY["ttft_s"], Thresholds(0.005, 0.0005, 0.0))
+    assert not just_under.above_absolute and just_under.verdict == "below_threshold"
+    under_share = decide(_certain(0.100, 0.0951), BY_KEY["ttft_s"], Thresholds(0.0, 0.0, 0.05))
+    assert not under_share.above_relative and under_share.verdict == "below_threshold"
+
+
+def test_per_token_measures_have_their_own_absolute_threshold() -> None:
+    tpot = decide(_certain(0.0100, 0.0094), BY_KEY["tpot_s"], LIMITS)  # 0.6 ms per token, 6%
+    assert tpot.min_size_s == 0.0005 and tpot.verdict == "faster"
+    ttft = decide(_certain(0.0100, 0.0094), BY_KEY["ttft_s"], LIMITS)  # the same 0.6 ms on a whole request
+    assert ttft.min_size_s == 0.005 and ttft.verdict == "below_threshold"
+
+
+def test_tokens_per_second_are_compared_as_time_per_token() -> None:
+    rate = BY_KEY["tokens_per_s"]
+    # 100 -> 104 tok/s: 10 ms -> 9.6 ms per token, 0.38 ms and 3.8%: under both
+    small = decide(_certain(100.0, 104.0), rate, LIMITS)
+    assert small.size_s == pytest.approx(1 / 100 - 1 / 104)
+    assert not small.above_absolute and not small.above_relative and small.verdict == "below_threshold"
+    # 20 -> 21.5 tok/s: 50 ms -> 46.5 ms per token, 7% of the time per token; B is faster (higher)
+    big = decide(_certain(20.0, 21.5), rate, LIMITS)
+    assert (big.verdict, big.faster) == ("faster", "B")
+    assert big.share == pytest.approx(1 - (1 / 21.5) / (1 / 20))  # the same share as the time per token
+    stalled = decide(_certain(0.0, 21.5), rate, LIMITS)
+    assert stalled.size_s is None and stalled.above_absolute and stalled.verdict == "faster"
+
+
+def test_thresholds_never_turn_noise_or_too_few_pairs_into_a_verdict() -> None:
+    noise = decide(Difference(40, 0.100, 0.200, -0.010, 0.150, 0.95), BY_KEY["ttft_s"], LIMITS)
+    assert noise.above_absolute and noise.above_relative
+    assert (noise.verdict, noise.faster) == ("not_significant", None)
+    few = decide(_certain(0.100, 0.200, pairs=MIN_PAIRS - 1), BY_KEY["ttft_s"], LIMITS)
+    assert (few.verdict, few.faster) == ("too_few_pairs", None)
+    off = decide(_certain(0.000034, 0.000019), BY_KEY["network_s"], Thresholds(0.0, 0.0, 0.0))
+    assert off.verdict == "faster"  # 0 turns the thresholds off: the statistics alone decide
+
+
+def _measured(ttft: float, tpot: float, rtt: float) -> Measurement:
+    tokens = 10
+    decode = tpot * (tokens - 1)
+    return Measurement(
+        "chat_completions", "m", 200, ttft, ttft, ttft + decode, tokens, "reported", tpot, tokens / decode,
+        tokens, tokens + 1, 0, True, True, rtt_s=rtt, connect_s=0.0,
+    )  # fmt: skip
+
+
+def test_the_report_says_no_difference_that_matters_and_still_shows_the_difference_and_ratio() -> None:
+    rng = random.Random(9)
+    samples = []
+    for r in range(15):  # B: TTFT 40% shorter, TPOT 1% shorter, network 0.034 -> 0.019 ms
+        ttft, tpot = rng.uniform(0.30, 0.34), rng.uniform(0.020, 0.021)
+        samples.append(Sample(Step(r, 0, 0), _measured(ttft, tpot, 0.000034)))
+        samples.append(Sample(Step(r, 0, 1), _measured(0.6 * ttft, 0.99 * tpot, 0.000019)))
+    doc = result(
+        targets=[TargetInfo("http://a.test/v1", "m")] * 2, api="chat_completions", prompts=PROMPTS[:1], rounds=15,
+        order="alternate", samples=samples, planned=30, interrupted=False, rng=random.Random(0), thresholds=LIMITS,
+    )  # fmt: skip
+    assert doc["thresholds"] == {"duration_s": 0.005, "per_token_s": 0.0005, "relative": 0.05}
+    network = doc["differences"]["network_s"]
+    assert network["significant"] and network["faster"] == "B" and not network["matters"]
+    assert network["verdict"] == "below_threshold"
+    assert network["absolute"] == {"diff_s": pytest.approx(0.000015), "threshold_s": 0.005, "per_token": False,
+                                   "passed": False}  # fmt: skip
+    assert network["relative"]["passed"] and network["relative"]["threshold"] == 0.05
+    tpot = doc["differences"]["tpot_s"]
+    assert tpot["significant"] and tpot["verdict"] == "below_threshold"
+    assert not tpot["absolute"]["passed"] and not tpot["relative"]["passed"]
+    assert doc["differences"]["ttft_s"]["verdict"] == "faster" and doc["differences"]["ttft_s"]["matters"]
+    report = text(doc)
+    row = next(line for line in report.splitlines() if line.startswith("network "))
+    assert "-0.015 ms [-0.015 ms, -0.015 ms]" in row  # the measured difference stays in view
+    assert row.endswith("no difference that matters (B 1.79x faster, under 5 ms)"), row
+    assert "B faster, 1.79x" not in report
+    assert re.search(r"\nTPOT: no difference that matters \(A 20\.\d ms, B 20\.\d ms; B - A = -0\.\d{3} ms, 1\.01x: "
+                     r"more than noise, 95% CI .*, 15 pairs, but under 0\.5 ms/token and 5%\)\n", report), report  # fmt: skip
+    assert "\nTTFT: B is faster (A " in report
+    assert "a difference matters from 5 ms (0.5 ms/token for TPOT and tok/s) and 5% of the slower side" in report
+
+
+def test_the_thresholds_come_from_the_settings_in_ms_and_percent(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CompareSettings().thresholds() == Thresholds(0.005, 0.0005, 0.05)
+    monkeypatch.setenv("TAOTRACE_MIN_DIFF_PERCENT", "12.5")
+    mine = CompareSettings(min_diff_ms=20, min_tpot_diff_ms=0)
+    assert mine.thresholds() == Thresholds(0.02, 0.0, 0.125)
 
 
 # --- the order of requests -----------------------------------------------------------------------
@@ -210,9 +336,6 @@ def test_targets_models_and_keys() -> None:
 
 
 def test_progress_redraws_one_line_on_a_terminal_and_prints_lines_otherwise() -> None:
-    from proxy.tools.client import Measurement
-    from proxy.tools.compare_plan import Step
-
     m = Measurement("chat_completions", "m", 200, 0.01, 0.02, 0.1, 5, "reported", 0.01, 50.0, 5, 7, 0, True, True)
     tty, plain = io.StringIO(), io.StringIO()
     for stream, is_tty in ((tty, True), (plain, False)):
@@ -257,6 +380,7 @@ async def test_compare_finds_the_faster_simulator_and_the_size_of_the_difference
     doc = result(
         targets=[TargetInfo(s.base_url, s.model) for s in sides], api="chat_completions", prompts=PROMPTS, rounds=3,
         order="alternate", samples=samples, planned=18, interrupted=False, rng=random.Random(0),
+        thresholds=settings.thresholds(),
     )  # fmt: skip
     assert doc["completed"] == 18 and doc["failed"] == {"A": 0, "B": 0}
     for key in ("ttft_s", "tpot_s", "tokens_per_s"):
@@ -324,6 +448,38 @@ async def test_json_is_pure_json_on_stdout_and_the_plot_is_svg(
     assert SECRET not in plot.read_text("utf-8")
 
 
+async def test_thresholds_turn_a_certain_but_small_difference_into_none_that_matters(
+    sims: tuple[SimRunning, SimRunning], tmp_path: Path
+) -> None:
+    """B is twice as fast; with a 10 s absolute threshold for whole-request durations, TTFT's
+    ~15 ms is certain but does not matter, while TPOT (per token, its own threshold) still does."""
+    slow, fast = sims
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"name": p.name, "messages": list(p.turns)}) for p in PROMPTS) + "\n", "utf-8"
+    )
+    code, out, err = await _cli(
+        "--base-url", slow.base_url, "--base-url", fast.base_url, "--prompts", str(prompts), "--runs", "3",
+        "--max-tokens", "8", "--json", "--min-diff-ms", "10000",
+        env=_env(TAOTRACE_API_KEY=SECRET, TAOTRACE_MIN_DIFF_PERCENT="20"),
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["thresholds"] == {"duration_s": 10.0, "per_token_s": 0.0005, "relative": 0.2}
+    ttft = doc["differences"]["ttft_s"]
+    assert ttft["significant"] and ttft["faster"] == "B", ttft  # more than noise...
+    assert (ttft["verdict"], ttft["matters"], ttft["absolute"]["passed"]) == ("below_threshold", False, False)
+    assert ttft["relative"]["passed"] and ttft["absolute"]["threshold_s"] == 10.0  # ...but far under 10 s
+    for key in ("tpot_s", "tokens_per_s"):
+        d = doc["differences"][key]
+        assert (d["verdict"], d["faster"], d["matters"]) == ("faster", "B", True), (key, d)
+        assert d["absolute"]["threshold_s"] == 0.0005 and d["absolute"]["per_token"] and d["absolute"]["passed"]
+    report = text(doc)  # the table is drawn from this same document
+    assert re.search(r"\nTTFT .* no difference that matters \(B \d\.\d\dx faster, under 10000 ms\)\n", report), report
+    assert re.search(r"\nTPOT .* B faster, \d\.\d\dx\n", report), report
+    assert "\nTTFT: no difference that matters (A " in report and "\nTPOT: B is faster (A " in report
+
+
 async def test_a_wrong_key_fails_the_warm_up_without_showing_the_key(sims: tuple[SimRunning, SimRunning]) -> None:
     slow, fast = sims
     wrong = "sk-wrong-key-77aa41"
@@ -361,6 +517,12 @@ async def test_ctrl_c_prints_what_was_measured_and_exits_130(
         (["--base-url", "http://127.0.0.1:9/v1"], "give two targets"),
         (["--base-url", "http://a.test,http://b.test", "--prompts", "x", "--from-live", "http://c.test"], "give one"),
         (["--base-url", "http://a.test,http://b.test/v1/chat/completions"], "endpoint path"),
+        (["--base-url", "http://a.test,http://b.test", "--min-diff-ms", "-1"], "argument --min-diff-ms: invalid"),
+        (
+            ["--base-url", "http://a.test,http://b.test", "--min-diff-percent", "100"],
+            "allowed: a number >= 0 and < 100",
+        ),
+        (["--base-url", "http://a.test,http://b.test", "--min-tpot-diff-ms", "nan"], "argument --min-tpot-diff-ms"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(

@@ -5,7 +5,8 @@ running proxy captured) to two base URLs, round after round, each prompt to both
 back in alternating (or random) order, and measures every stream as `probe` does
 (`proxy.tools.client.measure`: TTFT, TPOT, tokens/s, the network's share from the kernel's
 round trip). Then it prints both sides' p50/p95 next to each other, the difference of medians
-with a bootstrap interval paired by prompt and round (`compare_stats`), and the medians per
+with a bootstrap interval paired by prompt and round (`compare_stats`), a verdict that also
+asks whether the difference is large enough to matter (`compare_verdict`), and the medians per
 prompt; `--json` prints the same as one JSON document, `--plot FILE.svg` draws every request.
 
 Progress goes to stderr: one line redrawn on a terminal, a line per request otherwise. Ctrl-C
@@ -37,6 +38,7 @@ from proxy.tools.compare_plan import LABELS, Sample, schedule
 from proxy.tools.compare_plot import svg
 from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
 from proxy.tools.compare_report import TargetInfo, result, text
+from proxy.tools.compare_verdict import Thresholds
 from proxy.tools.route import Route, route_for
 from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 
@@ -93,8 +95,33 @@ class CompareSettings(BaseSettings):
     timeout: float = Field(60.0, gt=0, description="seconds allowed for connecting and between reads")
     json_output: bool = Field(False, description="print the result as JSON", json_schema_extra={"flag": "--json"})
     plot: str | None = Field(None, description="write a dot plot of TTFT and TPOT per prompt to this SVG file")
+    min_diff_ms: float = Field(
+        5.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="smallest difference of TTFT, network, server wait or total that matters, in ms "
+        "(smaller ones, however certain, are no difference that matters; 0: no absolute threshold)",
+    )
+    min_tpot_diff_ms: float = Field(
+        0.5,
+        ge=0,
+        allow_inf_nan=False,
+        description="smallest difference per token that matters, in ms: TPOT, and tok/s as 1000/rate",
+    )
+    min_diff_percent: float = Field(
+        5.0,
+        ge=0,
+        lt=100,
+        allow_inf_nan=False,
+        description="smallest difference that matters, in % of the slower side (|B - A| / the larger median); "
+        "a difference matters when it reaches this and the absolute threshold",
+    )
 
     _split = field_validator("base_url", "key_env", mode="before")(_split_csv)
+
+    def thresholds(self) -> Thresholds:
+        """The practical thresholds, in seconds and as a fraction."""
+        return Thresholds(self.min_diff_ms / 1000.0, self.min_tpot_diff_ms / 1000.0, self.min_diff_percent / 100.0)
 
 
 @dataclass(frozen=True)
@@ -244,6 +271,7 @@ def report(
         planned=2 * len(prompts) * settings.runs,
         interrupted=interrupted,
         rng=random.Random(settings.seed),
+        thresholds=settings.thresholds(),
     )
     out.write(json.dumps(doc, indent=2) + "\n" if settings.json_output else text(doc))
     return doc

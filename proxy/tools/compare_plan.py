@@ -58,19 +58,21 @@ def _server_wait(m: Measurement) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class Metric:
-    """A number read from each measurement; `lower_is_better` says which way is faster."""
+    """A number read from each measurement; `lower_is_better` says which way is faster, and
+    `per_token` that a difference is one token's (so a smaller one matters: `compare_verdict`)."""
 
     key: str
     title: str
     unit: str  # "s" or "tok/s"
     read: Callable[[Measurement], float | None]
     lower_is_better: bool = True
+    per_token: bool = False
 
 
 METRICS: tuple[Metric, ...] = (
     Metric("ttft_s", "TTFT", "s", lambda m: m.ttft_s),
-    Metric("tpot_s", "TPOT", "s", lambda m: m.tpot_s),
-    Metric("tokens_per_s", "tok/s", "tok/s", lambda m: m.tokens_per_s, lower_is_better=False),
+    Metric("tpot_s", "TPOT", "s", lambda m: m.tpot_s, per_token=True),
+    Metric("tokens_per_s", "tok/s", "tok/s", lambda m: m.tokens_per_s, lower_is_better=False, per_token=True),
     Metric("network_s", "network", "s", lambda m: m.network_s),
     Metric("server_wait_s", "server wait", "s", _server_wait),
     Metric("total_s", "total", "s", lambda m: m.total_s),

@@ -1,8 +1,8 @@
 """What `taotrace compare` prints: the result as one JSON document, and that document as text. Pure.
 
 `result(...)` computes everything once (spreads per target, paired differences with their
-intervals, medians per prompt, every measurement); `text(doc)` lays the same numbers out side
-by side, so `--json` and the table never disagree.
+intervals and verdicts (`compare_verdict`), medians per prompt, every measurement); `text(doc)`
+lays the same numbers out side by side, so `--json` and the table never disagree.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from proxy.tools.client import ms
 from proxy.tools.compare_plan import LABELS, METRICS, Metric, Sample, pairs_of, values_of
 from proxy.tools.compare_prompts import Prompt
 from proxy.tools.compare_stats import MIN_PAIRS, Difference, median, paired_difference, spread
+from proxy.tools.compare_verdict import Thresholds, decide
 from proxy.tools.table import align, cell
 
 __all__ = ["NOTED", "TargetInfo", "result", "text"]
@@ -32,13 +33,10 @@ class TargetInfo:
     model: str
 
 
-def _difference(diff: Difference | None, metric: Metric) -> dict[str, Any] | None:
+def _difference(diff: Difference | None, metric: Metric, thresholds: Thresholds) -> dict[str, Any] | None:
     if diff is None:
         return None
-    faster = None
-    if diff.significant:
-        b_better = diff.diff < 0 if metric.lower_is_better else diff.diff > 0
-        faster = LABELS[1] if b_better else LABELS[0]
+    decision = decide(diff, metric, thresholds)
     return {
         "pairs": diff.pairs,
         "median_a": diff.median_a,
@@ -50,8 +48,17 @@ def _difference(diff: Difference | None, metric: Metric) -> dict[str, Any] | Non
         "resamples": diff.resamples,
         "significant": diff.significant,
         "enough_pairs": diff.enough,
-        "faster": faster,
+        "faster": decision.faster,
         "ratio": diff.ratio,
+        "absolute": {
+            "diff_s": decision.size_s,
+            "threshold_s": decision.min_size_s,
+            "per_token": metric.per_token,
+            "passed": decision.above_absolute,
+        },
+        "relative": {"diff": decision.share, "threshold": decision.min_share, "passed": decision.above_relative},
+        "matters": decision.matters,
+        "verdict": decision.verdict,
     }
 
 
@@ -87,6 +94,7 @@ def result(
     planned: int,
     interrupted: bool,
     rng: random.Random,
+    thresholds: Thresholds,
 ) -> dict[str, Any]:
     """The whole comparison as JSON-able values."""
     by_key = {m.key: m for m in METRICS}
@@ -96,7 +104,7 @@ def result(
         for metric in METRICS:
             found = spread(values_of(samples, t, metric))
             summary[label][metric.key] = None if found is None else {"n": found.n, "p50": found.p50, "p95": found.p95}
-    differences = {m.key: _difference(paired_difference(pairs_of(samples, m), rng), m) for m in METRICS}
+    differences = {m.key: _difference(paired_difference(pairs_of(samples, m), rng), m, thresholds) for m in METRICS}
     per_prompt = []
     for p, prompt in enumerate(prompts):
         row: dict[str, Any] = {"prompt": prompt.name}
@@ -117,6 +125,11 @@ def result(
         "prompts": [p.name for p in prompts],
         "runs": rounds,
         "order": order,
+        "thresholds": {
+            "duration_s": thresholds.duration_s,
+            "per_token_s": thresholds.per_token_s,
+            "relative": thresholds.relative,
+        },
         "planned": planned,
         "completed": len(samples),
         "interrupted": interrupted,
@@ -140,20 +153,37 @@ def _signed(value: float, unit: str) -> str:
     return sign + _value(abs(value), unit)
 
 
+def _factor(d: dict[str, Any]) -> str:
+    """How many times faster, as printed: `1.90x` ("" when A's median is 0)."""
+    ratio = d["ratio"]
+    return f"{max(ratio, 1 / ratio):.2f}x" if ratio and ratio > 0 else ""
+
+
+def _under(d: dict[str, Any]) -> str:
+    """The thresholds a difference stays under: `under 5 ms`, `under 0.5 ms/token and 5%`."""
+    missed = []
+    if not d["absolute"]["passed"]:
+        per = "/token" if d["absolute"]["per_token"] else ""
+        missed.append(f"{d['absolute']['threshold_s'] * 1000:g} ms{per}")
+    if not d["relative"]["passed"]:
+        missed.append(f"{d['relative']['threshold'] * 100:g}%")
+    return "under " + " and ".join(missed)
+
+
 def _verdict(d: dict[str, Any] | None, unit: str) -> tuple[str, str]:
     """The difference column and the verdict column of the table."""
     if d is None:
         return "-", ""
     interval = f"{_signed(d['diff'], unit)} [{_signed(d['ci_low'], unit)}, {_signed(d['ci_high'], unit)}]"
-    if not d["enough_pairs"]:
+    factor = _factor(d)
+    if d["verdict"] == "too_few_pairs":
         return interval, "too few pairs to tell"
-    if not d["significant"]:
+    if d["verdict"] == "not_significant":
         return interval, "no significant difference"
-    ratio = d["ratio"]
-    times = ""
-    if ratio:
-        times = f", {max(ratio, 1 / ratio):.2f}x" if ratio > 0 else ""
-    return interval, f"{d['faster']} faster{times}"
+    if d["verdict"] == "below_threshold":
+        faster = " ".join(w for w in (d["faster"], factor, "faster") if w)
+        return interval, f"no difference that matters ({faster}, {_under(d)})"
+    return interval, f"{d['faster']} faster" + (f", {factor}" if factor else "")
 
 
 def _note(metric: Metric, d: dict[str, Any]) -> str:
@@ -162,15 +192,29 @@ def _note(metric: Metric, d: dict[str, Any]) -> str:
     interval = f"{level} CI {_signed(d['ci_low'], unit)} to {_signed(d['ci_high'], unit)}"
     medians = f"A {_value(d['median_a'], unit)}, B {_value(d['median_b'], unit)}"
     pairs = f"{d['pairs']} pair{'' if d['pairs'] == 1 else 's'}"
-    if not d["enough_pairs"]:
+    if d["verdict"] == "too_few_pairs":
         return (
             f"{metric.title}: too few pairs to tell ({medians}; {pairs}, at least {MIN_PAIRS} needed: "
             "more prompts or --runs)"
         )
-    if not d["significant"]:
+    if d["verdict"] == "not_significant":
         return f"{metric.title}: no significant difference ({medians}; the {interval} spans 0)"
+    difference = f"B - A = {_signed(d['diff'], unit)}"
+    if d["verdict"] == "below_threshold":
+        factor = _factor(d)
+        return (
+            f"{metric.title}: no difference that matters ({medians}; {difference}"
+            f"{', ' + factor if factor else ''}: more than noise, {interval}, {pairs}, but {_under(d)})"
+        )
+    return f"{metric.title}: {d['faster']} is faster ({medians}; {difference}, {interval}, {pairs})"
+
+
+def _thresholds(doc: dict[str, Any]) -> str:
+    t = doc["thresholds"]
     return (
-        f"{metric.title}: {d['faster']} is faster ({medians}; B - A = {_signed(d['diff'], unit)}, {interval}, {pairs})"
+        f"a difference matters from {t['duration_s'] * 1000:g} ms ({t['per_token_s'] * 1000:g} ms/token for TPOT "
+        f"and tok/s) and {t['relative'] * 100:g}% of the slower side "
+        "(--min-diff-ms, --min-tpot-diff-ms, --min-diff-percent)"
     )
 
 
@@ -209,6 +253,7 @@ def text(doc: dict[str, Any]) -> str:
             d = doc["differences"][metric.key]
             if metric.key in NOTED and d is not None:
                 lines.append(_note(metric, d))
+        lines.append(_thresholds(doc))
     else:
         lines.append("no request succeeded")
     failed = doc["failed"]
