@@ -142,6 +142,7 @@ def create_proxy_app(
         metrics,
         max_body_bytes=settings.max_body_bytes,
         capture_content=settings.capture_content,
+        capture_io_values=settings.capture_io_values,
         observers=observers,
         is_draining=lambda: state.draining,
         server_timing=settings.server_timing,

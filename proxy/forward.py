@@ -465,6 +465,7 @@ class Forwarder:
         *,
         max_body_bytes: int,
         capture_content: bool = False,
+        capture_io_values: bool = False,
         observers: Sequence[Observer | Named[RequestRecord]] = (),
         is_draining: Callable[[], bool] = lambda: False,
         clock: Clock = time.perf_counter,
@@ -482,13 +483,15 @@ class Forwarder:
     ) -> None:
         """`mirror`: the policy and the upstream that copies go to (`proxy/mirror.py`);
         `mirror_dropped(reason)` counts a copy refused by a cap; `forwarded_for`: what a request
-        sent upstream carries of the client's address (`proxy/headers.py`)."""
+        sent upstream carries of the client's address (`proxy/headers.py`). `capture_io_values`
+        (with `capture_content`): the last user message's and the answer's plain text, for the span."""
         self.router = router
         self.dialects = dialects
         self.telemetry = telemetry
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.capture_content = capture_content
+        self.capture_io_values = capture_io_values and capture_content
         # Each finished record goes to the metrics (a worker: its shipper), the span, then the
         # observers, each in its own guard; `warnings` logs a failing sink (rate-limited).
         self.sinks: Sinks[RequestRecord] = Sinks(
@@ -548,7 +551,12 @@ class Forwarder:
             info = request_info(None, body)
         else:
             try:
-                info = dialect.inspect(body, capture_content=self.capture_content, end_user=self.body_user)
+                info = dialect.inspect(
+                    body,
+                    capture_content=self.capture_content,
+                    end_user=self.body_user,
+                    io_values=self.capture_io_values,
+                )
             except Exception as exc:  # noqa: BLE001 - a dialect's bug (a plug-in's): the request goes unread
                 self.sinks.failed("record", exc)
                 info = dialect.unread()
@@ -788,18 +796,19 @@ class Forwarder:
         `t_end`: when the handler was done with it (the end of a request not timed to its last byte)."""
         try:
             outcome = decide(facts)
-            record, text = self._record(x, outcome, t_end)
+            record, text, value = self._record(x, outcome, t_end)
         except Exception as exc:  # noqa: BLE001 - counted and logged: telemetry never breaks a request
             self.sinks.failed("record", exc)
             return
         try:
-            self.telemetry.finish(x.span, record, text)
+            self.telemetry.finish(x.span, record, text, output_value=value)
         except Exception as exc:  # noqa: BLE001 - counted and logged; the other sinks still run
             self.sinks.failed("spans", exc)
         self.sinks(record)
 
-    def _record(self, x: _Exchange, outcome: Outcome, t_done: float) -> tuple[RequestRecord, str | None]:
-        """The record of a finished exchange, and the output text (for its span, when captured)."""
+    def _record(self, x: _Exchange, outcome: Outcome, t_done: float) -> tuple[RequestRecord, str | None, str | None]:
+        """The record of a finished exchange, and for its span the output messages and the
+        answer's plain text (each None unless captured)."""
         info, phase, relay = x.info, x.phase, x.relay
         reader = relay.reader if relay is not None else None  # None if parsing gave up midway
         copy = relay.copy if relay is not None else None
@@ -812,8 +821,9 @@ class Forwarder:
         timing = phase.finish(t_end, usage.output_tokens, streaming=streaming, last_byte=last_byte)
         response_model = reader.response_model if reader is not None else None
         text = reader.output_messages if reader is not None else None
+        value = reader.output_value if reader is not None and self.capture_io_values else None
         try:
-            traced = self.telemetry.conclude(x.span, outcome.error_type, timing, text)
+            traced = self.telemetry.conclude(x.span, outcome.error_type, timing, text, value)
         except Exception as exc:  # noqa: BLE001 - counted and logged; the record still goes to the other sinks
             self.sinks.failed("spans", exc)
             traced = _UNTRACED
@@ -849,7 +859,7 @@ class Forwarder:
             if info.content is not None and len(info.content) <= RING_CONTENT_LIMIT
             else None,
         )
-        return record, text
+        return record, text, value
 
     def _wall_time_of(self, t: float | None) -> float:
         """Epoch seconds of monotonic time `t` (now when None): rate-limit resets count from the headers."""

@@ -22,9 +22,17 @@ if TYPE_CHECKING:
     from proxy.accounting.prices import Cost
     from proxy.accounting.ratelimits import RateLimits
 
-__all__ = ["RequestRecord", "Traced", "UsageSource", "usage_of"]
+__all__ = ["UNKNOWN_MODEL", "RequestRecord", "Traced", "UsageSource", "model_label", "usage_of"]
 
 UsageSource = Literal["reported", "counted", "none"]
+# What a request that names no model (an `other` path, a body without one) is called wherever a
+# model is shown: the metrics' `model` label, the live view's page and its JSON API.
+UNKNOWN_MODEL = "unknown"
+
+
+def model_label(model: str | None) -> str:
+    """The model as the metrics and the live view name it: `unknown` when the request named none."""
+    return model or UNKNOWN_MODEL
 
 
 @dataclass(frozen=True, slots=True)

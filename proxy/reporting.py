@@ -80,6 +80,7 @@ def telemetry_for(
         upstream_port=upstream.port or 0,
         upstream_base=str(upstream).rstrip("/"),
         capture_content=settings.capture_content,
+        capture_io_values=settings.capture_io_values,
         sampling=OutcomeSampling(
             ratio=settings.sample_ratio,
             keep_errors=settings.keep_errors,

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
@@ -153,6 +153,12 @@ class Settings(BaseSettings):
     )
     max_models: int = Field(100, ge=1, description="without an allow-list: distinct model labels before 'other'")
     capture_content: bool = Field(False, description="record prompt and completion text on spans (off: never recorded)")
+    capture_io_values: bool = Field(
+        False,
+        description="with --capture-content: also set input.value and output.value on the request span (the last "
+        "user message's text and the answer's text, OpenInference's names), which the trace lists of viewers "
+        "such as Arize Phoenix show",
+    )
     parent: Literal["child", "link", "none"] = Field(
         "child",
         description="a caller's traceparent: child (the proxy's span joins the caller's trace), link (a new "
@@ -304,6 +310,16 @@ class Settings(BaseSettings):
         from proxy.routes import routes_for
 
         routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
+        return value
+
+    @field_validator("capture_io_values")
+    @classmethod
+    def _io_values_need_capture(cls, value: bool, info: ValidationInfo) -> bool:
+        # Never silently ignored: without capture there is no text to set.
+        if value and not info.data.get("capture_content", False):
+            raise ValueError(
+                "needs --capture-content (TAOTRACE_CAPTURE_CONTENT): it sets the prompt's and the answer's text on spans"
+            )
         return value
 
     _lower_level = field_validator("log_level", "forwarded_for", mode="before")(lower)

@@ -71,6 +71,7 @@ class SpanStart:
     start: int  # epoch ns
     attributes: dict[str, object]  # as set at start (request attributes, parameters, input if captured)
     output: str | None = None  # the output text, only with --capture-content
+    output_value: str | None = None  # the answer's plain text (output.value), only with --capture-io-values
     offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
     links: tuple[SpanContextValues, ...] = ()  # `--parent link`: the caller's span
 

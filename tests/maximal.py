@@ -13,7 +13,7 @@ import orjson
 
 def maximal_infos() -> list[Any]:
     """Each dialect's `RequestInfo` for a body setting every parameter any dialect reads, with
-    content captured and the end user asked for."""
+    content captured (and its plain input value) and the end user asked for."""
 
     from proxy import dialects
 
@@ -24,7 +24,9 @@ def maximal_infos() -> list[Any]:
     body |= {"response_format": {"type": "json_object"}, "text": {"format": {"type": "json_schema"}}}
     body |= {"system": "s", "instructions": "i"}  # instructions given apart: gen_ai.system_instructions
     body |= {"prompt": "p", "input": "i", "metadata": {"user_id": "u"}}  # the other dialects' input and user
-    return [d.inspect(orjson.dumps(body), capture_content=True, end_user=True) for d in dialects.DIALECTS]
+    return [
+        d.inspect(orjson.dumps(body), capture_content=True, end_user=True, io_values=True) for d in dialects.DIALECTS
+    ]
 
 
 def maximal_spans(info: Any) -> list[Any]:
@@ -83,8 +85,9 @@ def maximal_spans(info: Any) -> list[Any]:
         upstream_port=8000,
         upstream_base="http://up:8000",
         capture_content=True,
+        capture_io_values=True,
     )
     route = Route("r", "/r", URL("http://up:8000/api"))
     span = telemetry.start(info, "POST", "/v1/chat/completions", "key=x", {}, 0.0, route)
-    telemetry.finish(span, record, output_text="[]")
+    telemetry.finish(span, record, output_text="[]", output_value="a")
     return list(exporter.get_finished_spans())

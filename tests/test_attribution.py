@@ -60,6 +60,8 @@ def test_credential_headers_are_refused_with_a_reason(header: str) -> None:
         ("x-model=gen_ai.request.model", "sets itself"),
         ("x-key=taotrace.key.id", "credential"),
         ("x-k=taotrace.key.id", "sets itself"),
+        ("x-q=input.value", "sets itself"),  # --capture-io-values' (OpenInference's)
+        ("x-a=output.mime_type", "sets itself"),
     ],
 )
 def test_bad_mappings_are_refused_with_a_reason(item: str, reason: str) -> None:

@@ -129,6 +129,26 @@ def test_forwarded_for_from_a_flag_or_the_environment(monkeypatch: pytest.Monkey
     assert parsed is not None and parsed[1].forwarded_for == "off"  # type: ignore[attr-defined]
 
 
+def test_io_values_without_capture_are_refused_never_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = "needs --capture-content (TAOTRACE_CAPTURE_CONTENT): it sets the prompt's and the answer's text on spans"
+    for name in ("TAOTRACE_CAPTURE_IO_VALUES", "TAOTRACE_CAPTURE_CONTENT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(UsageError) as caught:
+        parse(["serve", "--capture-io-values", "--no-capture-content"], environ={})
+    assert caught.value.lines == [f"argument --capture-io-values: {message}"]
+    parsed = parse(["serve", "--capture-io-values", "--capture-content"], environ={})
+    assert parsed is not None and parsed[1].capture_io_values is True  # type: ignore[attr-defined]
+    parsed = parse(["serve", "--no-capture-io-values"], environ={})  # off without capture: nothing to refuse
+    assert parsed is not None and parsed[1].capture_io_values is False  # type: ignore[attr-defined]
+    monkeypatch.setenv("TAOTRACE_CAPTURE_IO_VALUES", "true")
+    with pytest.raises(UsageError) as caught:
+        parse(["serve"], environ={"TAOTRACE_CAPTURE_IO_VALUES": "true"})
+    assert caught.value.lines == [f"TAOTRACE_CAPTURE_IO_VALUES='true': {message}"]
+    monkeypatch.setenv("TAOTRACE_CAPTURE_CONTENT", "1")
+    parsed = parse(["serve"], environ={})
+    assert parsed is not None and parsed[1].capture_io_values is True  # type: ignore[attr-defined]
+
+
 def test_several_bad_flags_get_a_line_each(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--port", "99999", "--connect-timeout", "-1"]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -174,6 +194,7 @@ ISSUE_EXAMPLES = [
     (["doctor", "--timeout", "-1"], {}, "argument --timeout: invalid value '-1': allowed: a number > 0"),
     (["serve", "--log-level", "verbose"], {}, "argument --log-level: invalid value 'verbose': allowed: one of debug, info, warning, error"),
     (["serve", "--port"], {}, "argument --port: expected one argument"),
+    (["serve", "--capture-io-values"], {}, "argument --capture-io-values: needs --capture-content (TAOTRACE_CAPTURE_CONTENT): it sets the prompt's and the answer's text on spans"),
 ]  # fmt: skip
 
 

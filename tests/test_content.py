@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from proxy.dialects import API_CHAT, API_COMPLETIONS, API_MESSAGES, API_RESPONSES, DIALECTS
-from proxy.dialects.content import CONTENT_LIMIT, TRUNCATED, Output, bounded_json
+from proxy.dialects.content import CONTENT_LIMIT, TRUNCATED, Output, bounded_json, bounded_text
 from proxy.sse import SSEEvent
 from tests.fakes import FakeUpstream, OTLPSink, chat_chunk, json_handler, named, sse, stream_handler
 from tests.test_semconv import attrs, proxied, scopes
@@ -273,6 +273,120 @@ def test_a_long_answer_is_kept_up_to_the_cap_and_marked() -> None:
     (message,) = out.messages()
     assert message["parts"][0]["content"].endswith(TRUNCATED)
     assert len(message["parts"][0]["content"]) <= 110 + len(TRUNCATED)
+
+
+# --- --capture-io-values: the plain input.value and output.value --------------------------------
+
+
+def input_value(api: str, body: dict[str, Any], *, capture: bool = True, io_values: bool = True) -> str | None:
+    dialect = DIALECTS.get(api)
+    assert dialect is not None
+    return dialect.inspect(json.dumps(body).encode(), capture_content=capture, io_values=io_values).input_value
+
+
+def output_value(api: str, *, frames: list[tuple[str, Any]] | None = None, body: Any = None) -> str | None:
+    dialect = DIALECTS.get(api)
+    assert dialect is not None
+    if frames is None:
+        return dialect.read_body(json.dumps(body).encode(), capture_content=True).output_value
+    reader = dialect.stream_reader(capture_content=True)
+    for event, obj in frames:
+        reader.feed(SSEEvent(event=event, data=json.dumps(obj).encode()))
+    return reader.output_value
+
+
+def test_input_value_is_the_last_user_messages_text_in_every_dialect() -> None:
+    chat = {"model": "m", "messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": [{"type": "text", "text": "look:"},
+                                     {"type": "image_url", "image_url": {"url": "https://img.example/a.png?sig=SECRET"}},
+                                     {"type": "text", "text": "what is it?"}]},
+    ]}  # fmt: skip
+    assert input_value(API_CHAT, chat) == "look:\nwhat is it?"  # its text parts, one a line; no image URL
+    assert input_value(API_CHAT, CHAT_REQUEST) == "weather?"  # a tool's result is not the user's
+    assert input_value(API_COMPLETIONS, {"model": "m", "prompt": "once upon"}) == "once upon"
+    assert input_value(API_COMPLETIONS, {"model": "m", "prompt": ["one", "two"]}) == "two"
+    assert input_value(API_RESPONSES, {"model": "m", "instructions": "terse", "input": "hi"}) == "hi"
+    items = {"model": "m", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "rain"},
+    ]}  # fmt: skip
+    assert input_value(API_RESPONSES, items) == "weather?"
+    turns: list[dict[str, Any]] = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "tu_1", "name": "weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": "rain"}]},
+    ]
+    anthropic = {"model": "m", "max_tokens": 9, "system": "be brief", "messages": turns}
+    assert input_value(API_MESSAGES, anthropic) == "weather?"  # a turn of tool results: the question before it
+    turns.append({"role": "user", "content": [{"type": "text", "text": "and tomorrow?"}]})
+    assert input_value(API_MESSAGES, anthropic) == "and tomorrow?"
+    # None: no user text; not asked for; no capture (then nothing at all is read)
+    assert input_value(API_CHAT, {"model": "m", "messages": [{"role": "system", "content": "s"}]}) is None
+    assert input_value(API_CHAT, chat, io_values=False) is None
+    assert input_value(API_CHAT, chat, capture=False) is None
+
+
+def test_output_value_is_the_answers_text_else_its_reasoning() -> None:
+    chat_frames = [
+        ("message", chat_chunk(role="assistant", content="")),
+        ("message", chat_chunk(reasoning_content="think")),
+        ("message", chat_chunk("Let me ")),
+        ("message", chat_chunk("check.")),
+        ("message", chat_chunk(finish="stop")),
+    ]
+    assert output_value(API_CHAT, frames=chat_frames) == "Let me check."  # the deltas joined; no reasoning
+    assert output_value(API_CHAT, frames=chat_frames[:2]) == "think"  # no text (yet): the reasoning
+    calls_only = [("message", chat_chunk(tool_calls=[{"index": 0, "id": "c", "type": "function",
+                                                     "function": {"name": "f", "arguments": "{}"}}]))]  # fmt: skip
+    assert output_value(API_CHAT, frames=calls_only) is None  # only a tool call: in gen_ai.output.messages
+    two_choices = {"choices": [
+        {"index": 1, "finish_reason": "stop", "message": {"role": "assistant", "content": "B"}},
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "A"}},
+    ]}  # fmt: skip
+    assert output_value(API_CHAT, body=two_choices) == "A"  # the first choice
+    refused = {"choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": "No."}}]}
+    assert output_value(API_CHAT, body=refused) == "No."
+    assert output_value(API_COMPLETIONS, body={"choices": [{"index": 0, "text": "three"}]}) == "three"
+    responses = {"id": "r", "model": "m", "status": "completed", "output": [
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Fine."}]},
+    ]}  # fmt: skip
+    assert output_value(API_RESPONSES, body=responses) == "Fine."
+    delta = ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "Fi"})
+    assert output_value(API_RESPONSES, frames=[delta]) == "Fi"  # a stream cut before its end keeps its text
+    anthropic = {"id": "msg", "type": "message", "model": "m", "role": "assistant", "stop_reason": "end_turn",
+                 "content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Rain."}]}  # fmt: skip
+    assert output_value(API_MESSAGES, body=anthropic) == "Rain."
+    anthropic_stream = [
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Rain."}}),
+    ]  # fmt: skip
+    assert output_value(API_MESSAGES, frames=anthropic_stream) == "Rain."
+    dialect = DIALECTS.get(API_CHAT)
+    assert dialect is not None
+    assert dialect.stream_reader(capture_content=False).output_value is None  # nothing kept without capture
+
+
+def test_io_values_are_bounded_and_marked_when_cut() -> None:
+    long = "x" * (CONTENT_LIMIT + 10_000)
+    value = input_value(API_CHAT, {"model": "m", "messages": [{"role": "user", "content": long}]})
+    assert value is not None and len(value) == CONTENT_LIMIT and value.endswith(TRUNCATED)
+    assert value.startswith("x" * 1000)
+    assert bounded_text("short") == "short" and bounded_text("abcdefghijklmnopqrstuvwxyz", 20) == "abcdefgh" + TRUNCATED
+    out = Output(limit=100)
+    for _ in range(50):
+        out.text("abcdefghij")
+    answer = out.answer()
+    assert answer is not None and answer.endswith(TRUNCATED) and len(answer) <= 110 + len(TRUNCATED)
+    big = Output()  # the reader's own cap: 64 KiB of text kept, the rest marked, all within the bound
+    for _ in range(20):
+        big.text("y" * 10_000)
+    answer = big.answer()
+    assert answer is not None and len(answer) <= CONTENT_LIMIT and answer.endswith(TRUNCATED)
 
 
 def _upstream_by_path(upstream: FakeUpstream) -> None:

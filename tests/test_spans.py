@@ -6,10 +6,12 @@ import json
 
 import aiohttp
 import pytest
+from aiohttp import web
 from opentelemetry.trace import SpanKind, StatusCode
 
+from proxy.dialects.content import CONTENT_LIMIT, TRUNCATED
 from tests.conftest import Proxied
-from tests.fakes import chat_chunk, chat_stream, json_handler, named, sse, stream_handler, usage_chunk
+from tests.fakes import Handler, chat_chunk, chat_stream, json_handler, named, sse, stream_handler, usage_chunk
 
 pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)  # spans built in a supervisor too
 
@@ -180,3 +182,109 @@ async def test_openai_cached_and_reasoning_tokens_on_the_span(proxy: Proxied, cl
     assert not any(
         k.startswith("gen_ai.request.") and k not in ("gen_ai.request.model", "gen_ai.request.stream") for k in a
     )
+
+
+def _four_dialects() -> Handler:
+    """An answer for each parsed dialect, by path: chat and Anthropic streamed, completions and
+    Responses whole."""
+    chat = stream_handler(chat_stream(2))
+    completions = json_handler(
+        {"id": "cmpl", "model": "m", "choices": [{"index": 0, "text": "three", "finish_reason": "stop"}]}
+    )
+    responses = json_handler(
+        {"id": "r", "object": "response", "model": "gpt-4o", "status": "completed",
+         "output": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]},
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "fine"}]}]}
+    )  # fmt: skip
+    messages = stream_handler(
+        [
+            named("message_start", {"type": "message_start", "message": {"id": "m", "model": "claude-x", "usage": {}}}),
+            named("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+            named("content_block_delta", {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "ok"}}),
+            named("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}}),
+            named("message_stop", {"type": "message_stop"}),
+        ]
+    )  # fmt: skip
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        for suffix, answer in (("/chat/completions", chat), ("/completions", completions), ("/responses", responses)):
+            if request.path.endswith(suffix):
+                return await answer(request)
+        return await messages(request)
+
+    return handler
+
+
+# (path, body, span name, input.value, output.value): the last user message's text, the answer's
+IO_CASES = [
+    ("/v1/chat/completions",
+     {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "system", "content": "be brief"},
+                                                           {"role": "user", "content": "first"},
+                                                           {"role": "assistant", "content": "yes"},
+                                                           {"role": "user", "content": "IO-CANARY second"}]},
+     "chat gpt-4o-mini", "IO-CANARY second", "tok0 tok1 "),
+    ("/v1/completions", {"model": "m", "prompt": ["one", "IO-CANARY two"]}, "text_completion m", "IO-CANARY two", "three"),
+    ("/v1/responses", {"model": "gpt-4o", "instructions": "terse", "input": "IO-CANARY hi"}, "chat gpt-4o", "IO-CANARY hi", "fine"),
+    ("/v1/messages",
+     {"model": "claude-x", "max_tokens": 5, "stream": True, "system": "be brief",
+      "messages": [{"role": "user", "content": [{"type": "text", "text": "IO-CANARY weather?"}]}]},
+     "chat claude-x", "IO-CANARY weather?", "ok"),
+]  # fmt: skip
+IO_NAMES = ("input.value", "input.mime_type", "output.value", "output.mime_type")
+
+
+async def _send_each(client: aiohttp.ClientSession, url: str) -> None:
+    for path, body, *_ in IO_CASES:
+        async with client.post(url + path, json=body) as r:
+            assert r.status == 200
+            await r.read()
+
+
+async def test_io_values_on_the_root_for_each_dialect(start_proxy, client: aiohttp.ClientSession) -> None:
+    """`--capture-io-values`: the plain texts OpenInference viewers list traces by, on the root
+    only (built in a supervisor from the workers' records too)."""
+    async with start_proxy(capture_content=True, capture_io_values=True) as p:
+        p.serve(_four_dialects())
+        await _send_each(client, p.url)
+        for _path, _body, name, given, answered in IO_CASES:
+            (root,) = await p.settled_spans(name)
+            a = root.attributes
+            assert (a["input.value"], a["input.mime_type"]) == (given, "text/plain"), name
+            assert (a["output.value"], a["output.mime_type"]) == (answered, "text/plain"), name
+            assert "gen_ai.input.messages" in a and "gen_ai.output.messages" in a  # besides, not instead
+        for span in await p.settled_spans():
+            if span.parent is not None:  # the phase spans carry none of it
+                assert not set(IO_NAMES) & set(span.attributes or {}), span.name
+                assert "IO-CANARY" not in repr(dict(span.attributes or {}))
+
+
+async def test_io_values_are_absent_with_capture_alone(start_proxy, client: aiohttp.ClientSession) -> None:
+    async with start_proxy(capture_content=True) as p:  # the GenAI messages, no plain values
+        p.serve(_four_dialects())
+        await _send_each(client, p.url)
+        for _path, _body, name, *_ in IO_CASES:
+            (root,) = await p.settled_spans(name)
+            assert "gen_ai.input.messages" in root.attributes
+            assert not set(IO_NAMES) & set(root.attributes), name
+
+
+async def test_io_values_are_absent_without_capture(proxy: Proxied, client: aiohttp.ClientSession) -> None:
+    proxy.serve(_four_dialects())
+    await _send_each(client, proxy.url)
+    for _path, _body, name, *_ in IO_CASES:
+        assert len(await proxy.settled_spans(name)) == 1, name
+    for span in proxy.spans():
+        assert not set(IO_NAMES) & set(span.attributes or {}), span.name
+        assert "IO-CANARY" not in repr(dict(span.attributes or {}))
+
+
+async def test_a_long_prompt_is_bounded_in_input_value(start_proxy, client: aiohttp.ClientSession) -> None:
+    long = "IO-CANARY " + "x" * (CONTENT_LIMIT + 5000)
+    async with start_proxy(capture_content=True, capture_io_values=True) as p:
+        p.serve(stream_handler(chat_stream(2)))
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": long}]}
+        async with client.post(p.url + "/v1/chat/completions", json=body) as r:
+            await r.read()
+        (root,) = await p.settled_spans("chat m")
+        value = root.attributes["input.value"]
+        assert len(value) == CONTENT_LIMIT and value.startswith("IO-CANARY xxx") and value.endswith(TRUNCATED)

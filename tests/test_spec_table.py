@@ -1,5 +1,6 @@
 """The spec-mapping table of docs/otlp-metrics.md is generated from the code: every name a span or
-an OTLP metric can carry, and the conventions it comes from (or `ours`).
+an OTLP metric can carry, and the conventions it comes from (or `ours`, or OpenInference's for
+the plain input and output values).
 
 The names come from the telemetry builders themselves: the maximal request of
 tests/maximal.py for each dialect (every root attribute, and the phase children), and
@@ -62,9 +63,15 @@ def emitted() -> dict[str, set[str]]:
     return where
 
 
+# --capture-io-values: the plain texts OpenInference viewers (Arize Phoenix) list traces by.
+OPENINFERENCE = {"input.value", "input.mime_type", "output.value", "output.mime_type"}
+
+
 def convention(name: str, places: set[str]) -> str:
     if name.startswith("taotrace."):
         return "ours"
+    if name in OPENINFERENCE:
+        return "OpenInference (not OpenTelemetry's), with `--capture-io-values`"
     if "metric" in places and name not in RELEASED["metrics"] and name in LATEST["metrics"]:
         return "GenAI, latest experimental (opt-in)"
     if name in RELEASED["attributes"] or name in RELEASED["metrics"]:
@@ -83,7 +90,7 @@ def table() -> str:
 def test_every_name_is_the_conventions_or_ours() -> None:
     unknown = [n for n, places in emitted().items() if convention(n, places) == "unknown"]
     assert not unknown, unknown
-    assert all(n.startswith((*NAMESPACES, "taotrace.")) for n in emitted())
+    assert all(n.startswith((*NAMESPACES, "taotrace.")) or n in OPENINFERENCE for n in emitted())
 
 
 def test_the_docs_table_is_the_generated_one() -> None:

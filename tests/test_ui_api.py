@@ -304,6 +304,55 @@ async def test_a_running_request_shows_its_phase_then_becomes_a_finished_row(
         assert done["id"] == row["id"] and done["output_tokens"] == 4 and done["error_type"] == ""
 
 
+async def test_a_request_without_a_model_is_unknown_in_the_api_as_in_the_metrics(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    """Rows, details, filters, the summary and a running request all name it `unknown`, the
+    metrics' label, never `null`."""
+    head, first, rest = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    async with start_proxy() as p:
+        url = p.metrics_url
+        async with client.get(p.url + "/v1/models") as response:  # `other`: no model read
+            await response.read()
+        p.serve(stream_handler(chat_stream(2)))
+        async with client.post(p.url + "/v1/chat/completions", json={"stream": True}) as response:  # no model
+            await response.read()
+        await _stream(client, p, model="gpt-4o")
+        status, body = await _get(client, url + "/api/requests")
+        assert status == 200 and [r["model"] for r in body["requests"]] == ["gpt-4o", "unknown", "unknown"]
+        assert body["models"] == ["gpt-4o", "unknown"]  # the page's filter menu offers it
+        status, only = await _get(client, url + "/api/requests?model=unknown")
+        assert [r["api"] for r in only["requests"]] == ["chat_completions", "other"]
+        for r in only["requests"]:
+            status, one = await _get(client, f"{url}/api/requests/{r['id']}")
+            assert status == 200 and one["record"]["model"] == "unknown"
+        status, summary = await _get(client, url + "/api/summary")
+        assert summary["models"]["unknown"]["requests"] == 2
+        async with client.get(url + "/metrics") as response:
+            metrics = await response.text()
+        assert 'api="chat_completions",model="unknown"' in metrics and 'api="other",model="unknown"' in metrics
+
+        p.serve(_held_stream(head, first, rest))
+
+        async def call() -> bytes:
+            async with client.post(p.url + "/v1/chat/completions", json={"stream": True}) as response:
+                return await response.read()
+
+        calling = asyncio.ensure_future(call())
+        try:
+            body = await _running_until(client, url, lambda rows: len(rows) == 1)
+            assert body["in_flight"][0]["model"] == "unknown"
+            status, one = await _get(client, f"{url}/api/requests/{body['in_flight'][0]['id']}")
+            assert status == 200 and one["in_flight"] is True and one["record"]["model"] == "unknown"
+            for query, shown in (("model=unknown", 1), ("model=gpt-4o", 0)):
+                status, some = await _get(client, f"{url}/api/requests?{query}")
+                assert status == 200 and len(some["in_flight"]) == shown, query
+        finally:
+            for event in (head, first, rest):
+                event.set()
+            await calling
+
+
 async def test_a_browser_without_the_token_gets_a_page_saying_how_to_log_in(
     start_proxy: ProxyFactory, client: aiohttp.ClientSession
 ) -> None:

@@ -12,13 +12,15 @@ import pytest
 
 from proxy.dialects import Usage
 from proxy.errors import ErrorType
+from proxy.inflight import InFlight
 from proxy.record import RequestRecord
 from proxy.tcpinfo import TcpStats
 from proxy.timing import PhaseClock
 from proxy.ui.live import LiveView
 from proxy.ui.pairs import Pairs, differences
 from proxy.ui.render import detail, row
-from proxy.ui.ring import Entry, Query, Ring, compact_gaps, parse_query, select
+from proxy.ui.ring import Entry, Query, Ring, compact_gaps, distinct, parse_query, select
+from proxy.ui.running import running_detail, running_matches, running_row
 from proxy.ui.summary import BUCKET_WIDTH, EXACT_SAMPLES, MAX_MODELS, Window
 
 
@@ -176,6 +178,41 @@ def test_window_caps_invented_model_names() -> None:
         window.add(record(model=f"invented-{i}"), now=10.0)
     models = window.snapshot(now=11.0)["models"]
     assert len(models) == 4 and models["other"]["requests"] == 47
+
+
+def _running(model: str | None) -> InFlight:
+    return InFlight(
+        id="r1", trace_id=None, api="other", operation=None, model=model, method="GET", stream=False, upstream="",
+        started=1.0, elapsed=0.5, phase="headers", status=None, network=0.001, time_to_headers=None, ttfb=None,
+        ttft=None, last_token=None, last_byte=None, output_tokens=0,
+    )  # fmt: skip
+
+
+def test_a_request_without_a_model_is_unknown_everywhere_as_the_metrics_label_it() -> None:
+    from proxy.telemetry.metrics import ModelLabels
+
+    assert ModelLabels()(None) == ModelLabels()("") == "unknown"  # the metrics' label, which the API agrees with
+    ring = Ring(10)
+    ring.add(record(model="a"), 1.0)
+    nameless = ring.add(record(model=None, trace_id=None), 2.0)
+    ring.add(replace(record(trace_id=None), model=""), 3.0)  # an empty name: no name, as the metrics read it
+    entries = ring.snapshot()
+    assert row(nameless)["model"] == "unknown"
+    assert detail(nameless)["record"]["model"] == "unknown"
+    assert detail(nameless, capture_content=True)["record"]["model"] == "unknown"
+    assert distinct(entries) == (["chat_completions"], ["a", "unknown"])  # the filter menu offers it
+    assert [e.seq for e in select(entries, Query(model="unknown"))] == [3, 2]
+    assert [e.seq for e in select(entries, Query(model="a"))] == [1]
+    window = Window()
+    for e in entries:
+        window.add(e.record, now=10.0)
+    assert set(window.snapshot(now=11.0)["models"]) == {"a", "unknown"}
+    # A request still running, as /api/requests and /api/requests/{id} answer it.
+    running = _running(None)
+    assert running_row(running)["model"] == "unknown" and running_detail(running)["record"]["model"] == "unknown"
+    assert running_matches(running, Query(model="unknown")) and not running_matches(running, Query(model="a"))
+    assert running_row(_running("gpt-4o"))["model"] == "gpt-4o"
+    assert running_matches(_running("gpt-4o"), Query(model="gpt-4o"))
 
 
 def test_the_prefill_wait_bar_carries_its_network_round_trip() -> None:

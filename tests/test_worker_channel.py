@@ -312,7 +312,7 @@ def test_a_record_crosses_the_channel_whole() -> None:
         start=1_700_000_000_000_000_000,
         attributes={"url.path": "/v1/chat/completions", "server.port": 443, "gen_ai.request.temperature": 0.2,
                     "gen_ai.request.stream": True, "gen_ai.request.stop_sequences": ("\n", "END")},
-        output='[{"role": "assistant"}]', offset=-12345, links=((1, 2, 1, False, (("k", "v"),)),),
+        output='[{"role": "assistant"}]', output_value="the answer", offset=-12345, links=((1, 2, 1, False, (("k", "v"),)),),
     )  # fmt: skip
     full = dataclasses.replace(
         base,

@@ -63,6 +63,8 @@ _RESERVED_PREFIXES = (
     "gen_ai.input.",
     "gen_ai.output.",
 )
+# OpenInference's, set with --capture-io-values
+_RESERVED_NAMES = frozenset({"input.value", "input.mime_type", "output.value", "output.mime_type"})
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an RFC 9110 token
 _ATTRIBUTE_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
@@ -99,7 +101,7 @@ def parse_header_attributes(items: Iterable[str]) -> tuple[HeaderAttribute, ...]
             raise ValueError(
                 f"--attribute-header {item!r}: {attribute!r} is not an attribute name (lowercase, dot-separated)"
             )
-        if attribute.startswith(_RESERVED_PREFIXES):
+        if attribute.startswith(_RESERVED_PREFIXES) or attribute in _RESERVED_NAMES:
             raise ValueError(f"--attribute-header {item!r}: {attribute!r} is an attribute the proxy sets itself")
         if any(f.attribute == attribute for f in found):
             raise ValueError(f"--attribute-header {item!r}: attribute {attribute!r} is mapped twice")

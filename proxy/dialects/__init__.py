@@ -63,13 +63,15 @@ def api_for_path(path: str) -> str:
     return DIALECTS.api_for_path(path)
 
 
-def inspect_request(api: str, body: bytes, *, capture_content: bool = False, end_user: bool = False) -> RequestInfo:
-    """Read model and `stream` (and, when asked, the end user) from a JSON body; anything
-    unexpected yields model None."""
+def inspect_request(
+    api: str, body: bytes, *, capture_content: bool = False, end_user: bool = False, io_values: bool = False
+) -> RequestInfo:
+    """Read model and `stream` (and, when asked, content, the end user and the last user
+    message's text) from a JSON body; anything unexpected yields model None."""
     dialect = DIALECTS.get(api)
     if dialect is None:
         return RequestInfo(api, None, None, None, False)
-    return dialect.inspect(body, capture_content=capture_content, end_user=end_user)
+    return dialect.inspect(body, capture_content=capture_content, end_user=end_user, io_values=io_values)
 
 
 def reader_for(api: str, capture_content: bool = False) -> StreamReader | None:

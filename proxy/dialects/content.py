@@ -12,6 +12,10 @@ messages give way to one that says so. The result is always valid JSON.
 
 `Output` gathers a streamed answer's parts (only with capture on: the readers never call it
 otherwise).
+
+With `--capture-io-values`, two plain texts besides, for viewers that list traces by them
+(OpenInference's `input.value` and `output.value`): `last_user_text` of the input messages and
+`Output.answer`, each at most `CONTENT_LIMIT` characters (`bounded_text`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ __all__ = [
     "Part",
     "arguments",
     "bounded_json",
+    "bounded_text",
     "finish_reason",
+    "last_user_text",
     "no_messages",
     "text_part",
     "uri_part",
@@ -135,6 +141,32 @@ def bounded_json(value: list[Any], limit: int = CONTENT_LIMIT) -> str:
     return orjson.dumps([note, *items[start:]]).decode()
 
 
+def bounded_text(value: str, limit: int = CONTENT_LIMIT) -> str:
+    """`value` in at most `limit` characters: cut, and ending in `TRUNCATED`, when longer."""
+    return value if len(value) <= limit else value[: max(0, limit - len(TRUNCATED))] + TRUNCATED
+
+
+def _texts(parts: list[Part]) -> str:
+    """The content of the text parts, one part a line."""
+    texts = []
+    for p in parts:
+        content = p.get("content") if p.get("type") == "text" else None
+        if isinstance(content, str) and content:
+            texts.append(content)
+    return "\n".join(texts)
+
+
+def last_user_text(messages: list[Message]) -> str | None:
+    """`input.value`: the text of the last user message that has any (a turn that only returns
+    tool results keeps the question that started it), bounded; None without one."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            text = _texts(m.get("parts") or [])
+            if text:
+                return bounded_text(text)
+    return None
+
+
 class _Choice:
     """One answer's parts, in the order they began."""
 
@@ -205,6 +237,21 @@ class Output:
     def finish(self, reason: object, index: object = 0) -> None:
         if isinstance(reason, str) and reason:
             self._choice(index).reason = reason
+
+    def answer(self) -> str | None:
+        """`output.value`: the first choice's text (its reasoning when it has no text), marked
+        when the answer was cut, bounded; None when it has neither (only tool calls)."""
+        if not self.choices:
+            return None
+        choice = self.choices[min(self.choices)]
+        for kind in ("text", "reasoning"):
+            pieces = ["".join(choice.texts.get(id(part), ())) for part in choice.parts if part["type"] == kind]
+            text = "\n".join(piece for piece in pieces if piece)
+            if text:
+                if self.cut and choice.parts[-1]["type"] == kind:  # marked where `messages` marks it
+                    text += TRUNCATED
+                return bounded_text(text)
+        return None
 
     def messages(self, default_reason: object = None) -> list[Message]:
         """`gen_ai.output.messages`: one assistant message per choice, in choice order."""

@@ -14,7 +14,7 @@ from typing import Any, TypeAlias
 
 import orjson
 
-from proxy.dialects.content import Message, Part, bounded_json, no_messages
+from proxy.dialects.content import Message, Part, bounded_json, last_user_text, no_messages
 from proxy.dialects.reader import MAX_MODEL_LENGTH, StreamReader, loads, model_name
 from proxy.frozen import Reduced, reduce_frozen
 
@@ -64,6 +64,8 @@ class RequestInfo:
     # The same in the conventions' shape, bounded (proxy/dialects/content.py), only when capture is on
     input_messages: str | None = None  # gen_ai.input.messages
     system_instructions: str | None = None  # gen_ai.system_instructions
+    # The last user message's text, bounded, only with capture and --capture-io-values: input.value
+    input_value: str | None = None
 
     def __reduce__(self) -> Reduced:
         return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
@@ -95,19 +97,24 @@ class Dialect:
     # The request's messages and system instructions as the GenAI conventions shape them
     input_messages: Callable[[dict[str, Any]], tuple[list[Message], list[Part] | None]] = no_messages
 
-    def inspect(self, body: bytes, *, capture_content: bool = False, end_user: bool = False) -> RequestInfo:
+    def inspect(
+        self, body: bytes, *, capture_content: bool = False, end_user: bool = False, io_values: bool = False
+    ) -> RequestInfo:
         """Read model and `stream` (and, when asked, content and end user) from a JSON body;
-        anything unexpected yields model None."""
+        anything unexpected yields model None. `io_values` (with `capture_content`): the last
+        user message's text too."""
         obj = loads(body) if body else None
         if not isinstance(obj, dict):
             return self.unread()
-        content = messages = system = None
+        content = messages = system = value = None
         if capture_content:
             if any(key in obj for key in _CONTENT_KEYS):
                 content = orjson.dumps({k: obj[k] for k in _CONTENT_KEYS if k in obj}).decode()
             shaped, instructions = self.input_messages(obj)
             messages = bounded_json(shaped) if shaped else None
             system = bounded_json(instructions) if instructions else None
+            if io_values:
+                value = last_user_text(shaped)
         return RequestInfo(
             self.api,
             self.operation,
@@ -119,6 +126,7 @@ class Dialect:
             end_user=self.end_user(obj) if end_user else None,
             input_messages=messages,
             system_instructions=system,
+            input_value=value,
         )
 
     def unread(self) -> RequestInfo:
@@ -156,12 +164,17 @@ class Dialect:
 
 
 def request_info(
-    dialect: Dialect | None, body: bytes, *, capture_content: bool = False, end_user: bool = False
+    dialect: Dialect | None,
+    body: bytes,
+    *,
+    capture_content: bool = False,
+    end_user: bool = False,
+    io_values: bool = False,
 ) -> RequestInfo:
     """What a request says, for its dialect; a path no dialect claims (None) is `other`, unread."""
     if dialect is None:
         return RequestInfo(API_OTHER, None, None, None, False)
-    return dialect.inspect(body, capture_content=capture_content, end_user=end_user)
+    return dialect.inspect(body, capture_content=capture_content, end_user=end_user, io_values=io_values)
 
 
 def _param(value: object, kind: type) -> ParamValue | None:

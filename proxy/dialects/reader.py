@@ -183,6 +183,12 @@ class StreamReader:
         return "".join(p["content"] for m in out.messages() for p in m["parts"] if p["type"] == "text")
 
     @property
+    def output_value(self) -> str | None:
+        """`output.value`: the answer's text (`Output.answer`), when capture is on."""
+        out = self.out
+        return out.answer() if out is not None else None
+
+    @property
     def output_messages(self) -> str | None:
         """`gen_ai.output.messages` as bounded JSON, when capture is on and anything was generated."""
         out = self.out

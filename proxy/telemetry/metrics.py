@@ -19,7 +19,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from proxy.errors import ERROR_TYPES
-from proxy.record import RequestRecord
+from proxy.record import UNKNOWN_MODEL, RequestRecord
 from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry, ValueChild
 
 __all__ = [
@@ -51,7 +51,6 @@ BUCKETS_OVERHEAD = (
 # taotrace_spans_dropped_total{reason}: each pre-created at 0.
 SPAN_DROP_REASONS = ("queue_full", "export_failed")
 
-UNKNOWN_MODEL = "unknown"
 OTHER_MODEL = "other"
 
 

@@ -178,6 +178,7 @@ class Telemetry:
         upstream_port: int,
         upstream_base: str,
         capture_content: bool = False,
+        capture_io_values: bool = False,
         sampling: OutcomeSampling | None = None,
         ship: bool = False,
         parent: str = "child",
@@ -186,7 +187,9 @@ class Telemetry:
         """`parent`: what a caller's `traceparent` makes of the root (`--parent`): `child` joins the
         caller's trace; `link` starts a new trace whose root links to the caller's span; `none` a
         new trace without a link. With `link` and `none` the caller's trace headers go upstream as
-        they came. `conventions`: the GenAI convention version (the scope's schema URL)."""
+        they came. `conventions`: the GenAI convention version (the scope's schema URL).
+        `capture_io_values` (only with `capture_content`): OpenInference's `input.value` and
+        `output.value` besides, the plain texts LLM trace viewers list traces by."""
         conventions = conventions or Conventions()
         self.tracing = tracing
         # The built-in samplers decide without the root's attributes: then they are made when the
@@ -202,6 +205,7 @@ class Telemetry:
         self.server_port = upstream_port
         self.upstream_base = upstream_base
         self.capture_content = capture_content
+        self.capture_io_values = capture_io_values and capture_content
         self.sampling = sampling
         # perf_counter seconds -> epoch nanoseconds, fixed at start (spans need wall time).
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -319,6 +323,9 @@ class Telemetry:
                 attributes["gen_ai.system_instructions"] = info.system_instructions
             if info.input_messages is not None:
                 attributes["gen_ai.input.messages"] = info.input_messages
+            if info.input_value is not None and self.capture_io_values:  # OpenInference's, for list views
+                attributes["input.value"] = info.input_value
+                attributes["input.mime_type"] = "text/plain"
         if sampler_attributes:
             attributes.update(sampler_attributes)
         return attributes
@@ -367,7 +374,14 @@ class Telemetry:
         parent_sampled = parent is not None and parent.is_remote and parent.trace_flags.sampled
         return policy.reason(ctx.trace_id, parent_sampled, error_type, timing.ttft, timing.duration) or "dropped"
 
-    def conclude(self, span: RootSpan, error_type: str, timing: RequestTiming, output_text: str | None) -> Traced:
+    def conclude(
+        self,
+        span: RootSpan,
+        error_type: str,
+        timing: RequestTiming,
+        output_text: str | None,
+        output_value: str | None = None,
+    ) -> Traced:
         """Everything a finished request's record needs from telemetry, asked once: its trace id
         (None when not traced or dropped), the outcome sampling decision, and in ship mode the
         root's start."""
@@ -375,7 +389,7 @@ class Telemetry:
         return Traced(
             trace_id=None if sampling == "dropped" else self.trace_id(span),
             sampling=sampling,
-            span=self.span_start(span, sampling, output_text) if self.ship else None,
+            span=self.span_start(span, sampling, output_text, output_value) if self.ship else None,
         )
 
     def finish(
@@ -385,11 +399,14 @@ class Telemetry:
         output_text: str | None = None,
         offset: int | None = None,
         resource: Resource | None = None,
+        *,
+        output_value: str | None = None,
     ) -> None:
         """Attributes from the record, then the three phase children and the root, to the processor.
 
-        `offset`: epoch ns minus monotonic ns of the process that timed the request (default: this
-        one's); `resource`: the process that served it (default: this one's)."""
+        `output_text`: `gen_ai.output.messages`, `output_value`: `output.value` (each None unless
+        captured); `offset`: epoch ns minus monotonic ns of the process that timed the request
+        (default: this one's); `resource`: the process that served it (default: this one's)."""
         processor = self.tracing.processor
         # Ship mode: the telemetry process finishes it from rec.span. Outcome sampling "dropped":
         # nothing at all is made.
@@ -397,7 +414,7 @@ class Telemetry:
             return
         self._end(
             processor, span.name, span.context, span.parent, span.start_time, span.links, span.attributes, rec,
-            output_text, self._offset_ns if offset is None else offset, resource or self.tracing.resource,
+            output_text, output_value, self._offset_ns if offset is None else offset, resource or self.tracing.resource,
         )  # fmt: skip
 
     def _end(
@@ -411,6 +428,7 @@ class Telemetry:
         attrs: dict[str, AnyValue],
         rec: RequestRecord,
         output_text: str | None,
+        output_value: str | None,
         offset: int,
         resource: Resource,
     ) -> None:
@@ -473,6 +491,9 @@ class Telemetry:
             attrs["taotrace.cost.currency"] = rec.cost.currency
         if output_text is not None and self.capture_content:  # JSON, bounded by the dialect's reader
             attrs["gen_ai.output.messages"] = output_text
+        if output_value is not None and self.capture_io_values:  # plain text, bounded likewise
+            attrs["output.value"] = output_value
+            attrs["output.mime_type"] = "text/plain"
         if rec.error_type:
             attrs["error.type"] = rec.error_type
             status = Status(StatusCode.ERROR, rec.error_type)
@@ -570,7 +591,9 @@ class Telemetry:
             )
         return children
 
-    def span_start(self, span: RootSpan, sampling: str, output_text: str | None) -> SpanStart | None:
+    def span_start(
+        self, span: RootSpan, sampling: str, output_text: str | None, output_value: str | None = None
+    ) -> SpanStart | None:
         """In ship mode, the root's start for the telemetry process; None when nothing is to be
         exported (not shipping, not sampled, or dropped by outcome sampling)."""
         if not self.ship or sampling == "dropped" or not span.recording:
@@ -588,6 +611,7 @@ class Telemetry:
             start=span.start_time,
             attributes=dict(span.attributes),
             output=output_text if self.capture_content else None,
+            output_value=output_value if self.capture_io_values else None,
             offset=self._offset_ns,
             links=tuple(_values(link.context) for link in span.links),
         )
@@ -608,8 +632,8 @@ class Telemetry:
         links = tuple(Link(_context(link)) for link in seed.links) if seed.links else ()
         attributes: dict[str, AnyValue] = dict(seed.attributes)  # type: ignore[arg-type]
         self._end(
-            processor, seed.name, context, parent, seed.start, links, attributes, rec, seed.output, seed.offset,
-            resource or self.tracing.resource,
+            processor, seed.name, context, parent, seed.start, links, attributes, rec, seed.output,
+            seed.output_value, seed.offset, resource or self.tracing.resource,
         )  # fmt: skip
 
     def _phases(self, rec: RequestRecord, offset: int) -> list[Phase]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from proxy.record import model_label
 from proxy.series import Binned
 from proxy.ui.ring import SERIES, Entry
 
@@ -35,7 +36,7 @@ def row(e: Entry) -> dict[str, Any]:
         "trace_id": r.trace_id,
         "upstream": r.upstream,
         "api": r.api,
-        "model": r.model,
+        "model": model_label(r.model),  # `unknown` when it named none, as the metrics label it
         "method": r.method,
         "stream": r.stream,
         "status": r.status_code,
@@ -132,6 +133,8 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
     """Everything about one request: `/api/requests/{id}`."""
     r = e.record
     t = r.timing
+    record = _plain(r, capture_content)
+    record["model"] = model_label(r.model)  # as rows and the metrics name it
     return {
         "id": e.id,
         "seq": e.seq,
@@ -140,7 +143,7 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
         "trace_url": trace_url.replace("{trace_id}", r.trace_id)
         if trace_url and r.trace_id and r.sampling != "dropped"
         else None,
-        "record": _plain(r, capture_content),
+        "record": record,
         "spans": _spans(e),
         "marks": {
             "time_to_headers": t.time_to_headers,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
-from proxy.record import RequestRecord
+from proxy.record import RequestRecord, model_label
 from proxy.series import MAX_GAPS, Binned, compact_gaps
 from proxy.timing import RequestTiming
 
@@ -189,7 +189,7 @@ def _matches(entry: Entry, q: Query) -> bool:
         return False
     if q.api is not None and r.api != q.api:
         return False
-    if q.model is not None and r.model != q.model:
+    if q.model is not None and model_label(r.model) != q.model:  # `?model=unknown`: those that named none
         return False
     if q.errors and not r.error_type:
         return False
@@ -214,7 +214,8 @@ def select(entries: Sequence[Entry], q: Query) -> list[Entry]:
 
 
 def distinct(entries: Iterable[Entry]) -> tuple[list[str], list[str]]:
-    """The apis and models present, for the page's filter menus."""
+    """The apis and models present (`unknown` among them when a request named none), for the
+    page's filter menus."""
     apis = {e.record.api for e in entries}
-    models = {e.record.model for e in entries if e.record.model}
-    return sorted(apis), sorted(m for m in models if m is not None)
+    models = {model_label(e.record.model) for e in entries}
+    return sorted(apis), sorted(models)

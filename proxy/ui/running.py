@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from proxy.inflight import InFlight
+from proxy.record import model_label
 from proxy.ui.ring import MAX_GAPS, Query, compact_gaps
 
 __all__ = ["running_detail", "running_matches", "running_row"]
@@ -19,6 +20,7 @@ __all__ = ["running_detail", "running_matches", "running_row"]
 def running_row(f: InFlight) -> dict[str, Any]:
     """One running line of the requests table (every field but the gaps)."""
     out = {field.name: getattr(f, field.name) for field in dataclasses.fields(f) if field.name != "gaps"}
+    out["model"] = model_label(f.model)  # as a finished row names it
     out["in_flight"] = True
     return out
 
@@ -30,7 +32,7 @@ def running_matches(f: InFlight, q: Query) -> bool:
         return False
     if q.api is not None and f.api != q.api:
         return False
-    if q.model is not None and f.model != q.model:
+    if q.model is not None and model_label(f.model) != q.model:
         return False
     return q.slow is None or (f.ttft if f.ttft is not None else f.elapsed) >= q.slow
 

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.record import RequestRecord
+from proxy.record import RequestRecord, model_label
 
 __all__ = ["BUCKET_WIDTH", "EXACT_SAMPLES", "MAX_MODELS", "PHASES", "QUANTILES", "Window"]
 
@@ -144,7 +144,7 @@ class Window:
             phases[3] += t.duration - t.ttft - (t.decode or 0.0)
         else:
             phases[4] += t.duration - network
-        name = record.model or "unknown"
+        name = model_label(record.model)
         model = b.models.get(name)
         if model is None:
             if len(b.models) >= self.max_models:

@@ -35,13 +35,15 @@ function cell(text, cls) {
   if (cls) td.className = cls;
   return td;
 }
-// A request without a model name reads the same everywhere (the overview groups it as "unknown").
+// A request without a model name is "unknown" everywhere (the API names it so, as the metrics
+// label it), and is set apart in the tables.
 function modelName(model) {
   return model == null || model === "" ? "unknown" : model;
 }
 function modelCell(model) {
-  const td = cell(modelName(model), model == null || model === "" ? "model none" : "model");
-  td.title = modelName(model);
+  const name = modelName(model);
+  const td = cell(name, name === "unknown" ? "model none" : "model");
+  td.title = name;
   return td;
 }
 function setStatus(text, bad = false) {
@@ -566,7 +568,7 @@ function renderOverview(s) {
   const tbody = document.querySelector("#per-model tbody");
   tbody.replaceChildren(...Object.entries(s.models).map(([model, m]) => {
     const tr = document.createElement("tr");
-    tr.append(modelCell(model === "unknown" ? null : model), cell(m.requests, "num"));
+    tr.append(modelCell(model), cell(m.requests, "num"));
     for (const kind of ["ttft", "tpot"]) for (const p of ["p50", "p95", "p99"]) tr.append(cell(ms(m[kind][p], kind === "tpot" ? 2 : 1), "num"));
     return tr;
   }));
