@@ -23,9 +23,9 @@ __all__ = ["MODULES", "compiled_modules"]
 
 # Paths relative to the repository, as mypyc takes them (setup.py reads this tuple).
 MODULES: tuple[str, ...] = (
-    "proxy/sse.py",
-    "proxy/outcome.py",
-    "proxy/headers.py",
+    "proxy/dialects/sse.py",
+    "proxy/exchange/outcome.py",
+    "proxy/exchange/headers.py",
     "proxy/dialects/__init__.py",
     "proxy/dialects/chat.py",
     "proxy/dialects/completions.py",

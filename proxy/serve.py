@@ -22,20 +22,20 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
-from proxy.app import ServerState, mirror_policy
-from proxy.banner import live_view_warning, startup_line
+from proxy.config.envproxy import forward_proxy_for
+from proxy.config.routes import Route, default_route_conflict, routes_for
+from proxy.config.settings import Settings
 from proxy.dialects import DIALECTS, Dialects
-from proxy.envproxy import forward_proxy_for
-from proxy.hints import endpoint_suffix
-from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
-from proxy.listen import CannotListen, bind
+from proxy.exchange.mirror import describe
+from proxy.exchange.record import RequestRecord
 from proxy.logs.origin import without_credentials
-from proxy.mirror import describe
-from proxy.record import RequestRecord
-from proxy.reporting import Reporting
-from proxy.routes import Route, default_route_conflict, routes_for
-from proxy.serving import serving
-from proxy.settings import Settings
+from proxy.reporting.reporting import Reporting
+from proxy.server.app import ServerState, mirror_policy
+from proxy.server.banner import live_view_warning, startup_line
+from proxy.server.hints import endpoint_suffix
+from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
+from proxy.server.listen import CannotListen, bind
+from proxy.server.serving import serving
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.otlp_env import span_destination

@@ -17,9 +17,9 @@ import pytest
 import trustme
 from prometheus_client import CollectorRegistry
 
-from proxy.record import RequestRecord
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.tracing import Tracing
 from tests import tiers

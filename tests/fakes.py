@@ -16,8 +16,8 @@ from aiohttp import web
 from multidict import CIMultiDictProxy
 
 from proxy.dialects import Usage
-from proxy.record import RequestRecord
-from proxy.timing import RequestTiming
+from proxy.exchange.record import RequestRecord
+from proxy.exchange.timing import RequestTiming
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -39,13 +39,13 @@ def maximal_spans(info: Any) -> list[Any]:
     from proxy.accounting.attribution import MAX_HEADER_ATTRIBUTES, Attributor, HeaderAttribute
     from proxy.accounting.prices import Cost
     from proxy.accounting.ratelimits import KINDS, read_rate_limits
-    from proxy.record import RequestRecord
-    from proxy.routes import Route
-    from proxy.tcpinfo import TcpStats
+    from proxy.config.routes import Route
+    from proxy.exchange.record import RequestRecord
+    from proxy.exchange.timing import RequestTiming
     from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
     from proxy.telemetry.spans import Telemetry
     from proxy.telemetry.tracing import Tracing
-    from proxy.timing import RequestTiming
+    from proxy.upstream.tcpinfo import TcpStats
 
     assert info.content is not None and info.end_user == "u"
     # Attribution at its bound (every header mapped, the key's id, the body's user), every rate limit.

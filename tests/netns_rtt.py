@@ -10,9 +10,9 @@ import json
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from proxy.record import RequestRecord
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.telemetry.tracing import Tracing
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 

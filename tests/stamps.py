@@ -22,7 +22,7 @@ from tests.fakes import Handler
 
 __all__ = ["Stamps", "read_stamped", "scheduled_handler"]
 
-clock = time.perf_counter  # the proxy's clock (proxy/forward.py)
+clock = time.perf_counter  # the proxy's clock (proxy/exchange/forward.py)
 
 
 @dataclass

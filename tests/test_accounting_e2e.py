@@ -12,9 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.attribution import key_id
-from proxy.record import RequestRecord
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.sim import SimSettings
 from proxy.sim import running as sim_running
 from proxy.telemetry.span_pipeline import InMemorySpanExporter

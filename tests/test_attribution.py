@@ -24,8 +24,8 @@ from proxy.accounting.attribution import (
 )
 from proxy.accounting.config import accounting_from
 from proxy.cli import main
-from proxy.record import RequestRecord
-from proxy.settings import Settings
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
 from tests.conftest import ProxyFactory
 from tests.fakes import json_handler
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.dialects import DIALECTS
-from proxy.sse import SSEDecoder
+from proxy.dialects.sse import SSEDecoder
 from tests.bench.payload import APIS, PATHS, api_for_path, stream_parts
 
 

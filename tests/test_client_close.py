@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from opentelemetry.trace import StatusCode
 
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import (
     FakeUpstream,

@@ -19,8 +19,8 @@ import pytest
 
 from proxy.compiled import MODULES
 from proxy.dialects import Usage
-from proxy.outcome import Outcome
-from proxy.sse import SSEEvent
+from proxy.dialects.sse import SSEEvent
+from proxy.exchange.outcome import Outcome
 from proxy.workers.plain import Plain, copy_with
 from tests.fakes import record_for
 
@@ -100,7 +100,7 @@ def test_a_record_and_the_frozen_values_it_is_made_of_pickle_and_copy() -> None:
     """Code that embeds the proxy may pickle a record or copy it, whichever build it runs on (a
     compiled frozen class is rebuilt through `__init__`, not set field by field)."""
     from proxy.dialects import DIALECTS
-    from proxy.outcome import Facts
+    from proxy.exchange.outcome import Facts
     from proxy.telemetry.aggregate import AttributeSet, HistogramPoint, MetricData, ScopeData, SumPoint, Temporality
 
     record = dataclasses.replace(record_for("chat_completions", "m", 200, random.Random(1)), usage=Usage(1, 2, 3, 4, 5))

@@ -16,7 +16,7 @@ import pytest
 
 from proxy.dialects import API_CHAT, API_COMPLETIONS, API_MESSAGES, API_RESPONSES, DIALECTS
 from proxy.dialects.content import CONTENT_LIMIT, TRUNCATED, Output, bounded_json, bounded_text
-from proxy.sse import SSEEvent
+from proxy.dialects.sse import SSEEvent
 from tests.fakes import FakeUpstream, OTLPSink, chat_chunk, json_handler, named, sse, stream_handler
 from tests.test_semconv import attrs, proxied, scopes
 

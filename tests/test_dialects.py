@@ -20,7 +20,7 @@ from proxy.dialects import (
     read_body,
     reader_for,
 )
-from proxy.sse import SSEEvent
+from proxy.dialects.sse import SSEEvent
 
 
 def ev(obj: object, event: str = "message") -> SSEEvent:
@@ -236,7 +236,7 @@ def test_anthropic_messages_events() -> None:
 def test_anthropic_stream_cut_before_message_delta_counts_its_tokens() -> None:
     """`message_start`'s `output_tokens` is a placeholder (1): a stream that ends before
     `message_delta` (the client broke off, the upstream cut it) reports the token events counted."""
-    from proxy.record import usage_of
+    from proxy.exchange.record import usage_of
 
     reader = reader_for(API_MESSAGES)
     assert reader is not None

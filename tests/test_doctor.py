@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from proxy.config.settings import Settings
 from proxy.serve import running as proxy_running
-from proxy.settings import Settings
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.tools.clientconfig import load_target
 from proxy.tools.doctor import Check, DoctorSettings, diagnose, report

@@ -16,7 +16,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as pc_openm
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from proxy.app import create_metrics_app
+from proxy.server.app import create_metrics_app
 from proxy.telemetry import exposition as ex
 from proxy.telemetry.exposition import wants_openmetrics
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_TOKEN, Metrics
@@ -132,7 +132,7 @@ def test_a_change_in_any_group_shows_on_the_next_render() -> None:
 async def test_a_page_rendered_in_slices_while_requests_are_recorded() -> None:
     """The scrape renders on the event loop and gives it back between slices: requests recorded
     in between land in this page or the next, every series stays whole, and nothing is lost."""
-    from proxy.app import render_page
+    from proxy.server.app import render_page
 
     ours, theirs, feed = _pair()
     _random_traffic(feed, 300, 3)

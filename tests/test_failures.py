@@ -140,8 +140,8 @@ async def test_client_disconnect_cancels_the_upstream(when: str, proxy: Proxied)
 
 @TIMING_BARS
 async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSession, strict: bool) -> None:
+    from proxy.config.settings import Settings
     from proxy.serve import running
-    from proxy.settings import Settings
     from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 
     upstream.handler = stream_handler(chat_stream(5))

@@ -20,12 +20,12 @@ import trustme
 from aiohttp import web
 from yarl import URL
 
-from proxy.envproxy import ForwardProxy, bypassed, forward_proxy_for
-from proxy.record import RequestRecord
+from proxy.config.envproxy import ForwardProxy, bypassed, forward_proxy_for
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
+from proxy.exchange.timing import PhaseClock
 from proxy.serve import run as serve_run
 from proxy.serve import running
-from proxy.settings import Settings
-from proxy.timing import PhaseClock
 from proxy.upstream import UpstreamPool
 from tests.forwardproxy import ForwardProxyServer
 

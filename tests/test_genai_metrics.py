@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.config.settings import Settings
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.telemetry.genai_metrics import (
     BUCKETS_SPEC_SECONDS,
     BUCKETS_SPEC_TOKENS,
@@ -410,7 +410,7 @@ def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
 @pytest.mark.parametrize("serving", [True, False])
 def test_only_a_serving_process_gives_the_gil_back_while_it_records(serving: bool) -> None:
     """As the span exporter: a group's supervisor records without stepping aside for its loop."""
-    from proxy.reporting import genai_metrics_for
+    from proxy.reporting.reporting import genai_metrics_for
 
     provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "console"})
     assert provider is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from proxy.headers import HOP_BY_HOP, ForwardedFor, request_headers, response_headers
+from proxy.exchange.headers import HOP_BY_HOP, ForwardedFor, request_headers, response_headers
 
 
 def test_hop_by_hop_and_connection_named_headers_are_dropped() -> None:

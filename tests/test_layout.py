@@ -6,8 +6,8 @@
     proxy/tools/      demo, probe, doctor: clients of an endpoint
     proxy/sim/        the simulated upstream
 
-The core never imports tools/ or sim/; sim/ imports nothing of the proxy but `proxy.lifecycle`
-and `proxy.listen` (the process-lifetime and port-binding helpers every long-running command
+The core never imports tools/ or sim/; sim/ imports nothing of the proxy but `proxy.server.lifecycle`
+and `proxy.server.listen` (the process-lifetime and port-binding helpers every long-running command
 shares); telemetry/ and ui/ never
 import tools/ or sim/ (tools/demo may use ui/ to publish its experiments).
 """
@@ -65,7 +65,7 @@ def test_lower_layers_never_import_tools_or_sim(layer: str, forbidden: set[str])
 
 
 def test_sim_imports_nothing_of_the_proxy_but_lifecycle_and_listen() -> None:
-    shared = ("proxy.lifecycle", "proxy.listen")
+    shared = ("proxy.server.lifecycle", "proxy.server.listen")
     bad = []
     for path in _modules("sim"):
         for module in _imports(path):
@@ -84,7 +84,7 @@ def test_ui_ships_its_static_files_as_package_data() -> None:
 
 
 def test_importing_the_parsers_does_not_load_the_server_or_opentelemetry() -> None:
-    code = "import sys, proxy.sse, proxy.dialects; print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'proxy.serve', 'aiohttp.web'))))"
+    code = "import sys, proxy.dialects.sse, proxy.dialects; print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'proxy.serve', 'aiohttp.web'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -140,7 +140,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 def test_serve_the_reporting_and_the_group_import_one_way() -> None:
     """serve.py, the composition root, chooses one process or a group; nothing it builds on
     imports it back (the supervisor once imported serve.py, which imported the supervisor)."""
-    ours = ("proxy.serve", "proxy.serving", "proxy.reporting", "proxy.workers")
+    ours = ("proxy.serve", "proxy.server.serving", "proxy.reporting.reporting", "proxy.workers")
     bad = [c for c in _cycles(_import_graph()) if any(m.startswith(ours) for m in c)]
     assert not bad, bad
 

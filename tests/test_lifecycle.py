@@ -1,4 +1,4 @@
-"""`proxy.lifecycle.Shutdown`'s exit status: the shell's 128 + the signal that asked first (the
+"""`proxy.server.lifecycle.Shutdown`'s exit status: the shell's 128 + the signal that asked first (the
 tools demo, probe and doctor exit with it when a signal stops their work)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import signal
 
-from proxy.lifecycle import GC_YOUNG_THRESHOLD, Shutdown, settle_heap
+from proxy.server.lifecycle import GC_YOUNG_THRESHOLD, Shutdown, settle_heap
 from proxy.tools.stoppable import interrupted_status
 
 

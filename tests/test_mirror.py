@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cli import main
-from proxy.mirror import MirrorPolicy, describe, mirror_headers, worker_share
+from proxy.config.settings import Settings
+from proxy.exchange.mirror import MirrorPolicy, describe, mirror_headers, worker_share
 from proxy.serve import mirror_notice
-from proxy.settings import Settings
 from tests.conftest import ProxyFactory
 from tests.fakes import FakeUpstream, Handler, chat_stream, stream_handler
 

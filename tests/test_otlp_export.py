@@ -8,8 +8,8 @@ import json
 import aiohttp
 import pytest
 
+from proxy.config.settings import Settings
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.telemetry.spans import Telemetry
 from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler

@@ -1,4 +1,4 @@
-"""The outcome of a request, decided from facts alone (pure): each rule of `proxy.outcome`, and
+"""The outcome of a request, decided from facts alone (pure): each rule of `proxy.exchange.outcome`, and
 the vocabulary it speaks is the one the metrics and docs/errors.md use."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 
 from proxy.errors import ERROR_TYPES
-from proxy.outcome import End, Facts, Outcome, decide
+from proxy.exchange.outcome import End, Facts, Outcome, decide
 
 
 def test_a_refusal_is_the_proxys_own_answer_whatever_else_happened() -> None:

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
 from tests.conftest import Proxied
 from tests.fakes import chat_chunk, named, sse, usage_chunk
 from tests.stamps import Stamps, clock, read_stamped, scheduled_handler

@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from proxy.record import RequestRecord
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
 from proxy.serve import running as proxy_running
-from proxy.settings import Settings
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.tools.client import Call, measure
 from proxy.tools.clientconfig import load_target

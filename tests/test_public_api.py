@@ -8,7 +8,7 @@ import pytest
 
 import proxy
 from proxy.cli import main
-from proxy.settings import Settings
+from proxy.config.settings import Settings
 from proxy.telemetry.accesslog import access_line
 
 

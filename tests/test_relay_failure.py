@@ -23,9 +23,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from proxy.forward import Forwarder, Upstream
-from proxy.record import RequestRecord
-from proxy.routes import Router, routes_for
+from proxy.config.routes import Router, routes_for
+from proxy.exchange.forward import Forwarder, Upstream
+from proxy.exchange.record import RequestRecord
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.spans import Telemetry

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cli import main
-from proxy.routes import Route, Router, default_route_conflict, derived_names, parse_route, routes_for
-from proxy.settings import Settings
+from proxy.config.routes import Route, Router, default_route_conflict, derived_names, parse_route, routes_for
+from proxy.config.settings import Settings
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 

@@ -13,7 +13,7 @@ from aiohttp import web
 from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
 from prometheus_client import CollectorRegistry
 
-from proxy.settings import Settings, parse_thresholds
+from proxy.config.settings import Settings, parse_thresholds
 from proxy.telemetry.sampling import OutcomeSampling
 from tests.conftest import ProxyFactory
 from tests.fakes import chat_stream, stream_handler

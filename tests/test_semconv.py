@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from proxy.config.settings import Settings
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.semconv import ENV, SCHEMA_URL_LATEST, SCHEMA_URL_RELEASED, Conventions
 from proxy.telemetry.tracing import build_tracing, shutdown_tracing

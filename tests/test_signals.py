@@ -224,7 +224,7 @@ async def test_demo_ctrl_c_during_the_experiments_stops_them(sig: signal.Signals
 
 @TIMING_BARS
 async def test_drain_counts_what_finished_and_what_was_cut(strict: bool) -> None:
-    from proxy.lifecycle import drain
+    from proxy.server.lifecycle import drain
 
     quick = asyncio.ensure_future(asyncio.sleep(0.05))
     slow = asyncio.ensure_future(asyncio.sleep(30))

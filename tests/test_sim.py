@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from proxy.dialects import reader_for
+from proxy.dialects.sse import SSEDecoder, SSEEvent
 from proxy.sim import SimRunning, SimSettings, running
-from proxy.sse import SSEDecoder, SSEEvent
 from proxy.tools.client import Call, measure
 
 FAST = 0.25  # time_scale for tests: 4x faster, same ratios
@@ -207,7 +207,7 @@ async def test_paths_work_with_and_without_v1_and_health_answers(
 
 
 async def test_header_lines_the_proxy_forwards_are_taken(sim: SimRunning, session: aiohttp.ClientSession) -> None:
-    """The sim takes header lines as long as the proxy forwards (16 KiB, proxy/app.py): a request
+    """The sim takes header lines as long as the proxy forwards (16 KiB, proxy/server/app.py): a request
     the proxy passes on is never refused by the upstream behind it for its size."""
     for size in (9000, 16000):
         async with session.get(sim.url + "/v1/models", headers={"X-Big": "a" * size}) as r:

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from proxy.logs.ratelimited import RateLimitedLog
-from proxy.sinks import Named, Sinks
+from proxy.reporting.sinks import Named, Sinks
 from proxy.telemetry.exposition import Counter, Registry
 
 

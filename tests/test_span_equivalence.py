@@ -34,7 +34,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from proxy import __version__
 from proxy.dialects import RequestInfo, Usage
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
+from proxy.exchange.timing import PhaseClock
 from proxy.telemetry import otlp
 from proxy.telemetry import sampler as ours
 from proxy.telemetry.semconv import Conventions
@@ -42,7 +43,6 @@ from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProces
 from proxy.telemetry.spandata import Resource, SpanData
 from proxy.telemetry.spans import NOT_TRACED, Telemetry
 from proxy.telemetry.tracing import Tracing
-from proxy.timing import PhaseClock
 from tests.otel_versions import ENCODER_WRITES_SCOPE_FIELDS
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.dialects.sse import SSEDecoder, SSEEvent
 
 
 def decode_all(data: bytes, **kw: int) -> list[SSEEvent]:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.banner import exposed, live_view_warning
 from proxy.cli import COMMANDS, unknown_variable_warnings
 from proxy.envnames import unknown_variables
-from proxy.listen import CannotListen, bind, refusal
+from proxy.server.banner import exposed, live_view_warning
+from proxy.server.listen import CannotListen, bind, refusal
 from proxy.telemetry.otlp_env import shown_endpoint, span_destination
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""What `serve` says at start about an upstream URL that cannot be what was meant (proxy/hints.py)."""
+"""What `serve` says at start about an upstream URL that cannot be what was meant (proxy/server/hints.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from yarl import URL
 
-from proxy.hints import endpoint_suffix
+from proxy.server.hints import endpoint_suffix
 
 
 @pytest.mark.parametrize(

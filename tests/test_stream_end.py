@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 
 from proxy.dialects import StreamReader, reader_for
-from proxy.outcome import Facts, Outcome, decide
+from proxy.dialects.sse import SSEDecoder
+from proxy.exchange.outcome import Facts, Outcome, decide
 from proxy.sim import SimSettings
 from proxy.sim import running as sim_running
-from proxy.sse import SSEDecoder
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import chat_chunk, chat_stream, named, sse, stream_handler, usage_chunk
 

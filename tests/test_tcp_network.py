@@ -20,9 +20,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from proxy.tcpinfo import NEW_CONNECTION
-from proxy.timing import PhaseClock
+from proxy.exchange.timing import PhaseClock
 from proxy.upstream import UpstreamPool
+from proxy.upstream.tcpinfo import NEW_CONNECTION
 from tests.conftest import Proxied
 from tests.fakes import chat_stream, json_handler, stream_handler
 from tests.test_client_close import close_after

@@ -1,4 +1,4 @@
-"""`proxy/tcpinfo.py`: the `struct tcp_info` parser against bytes this kernel returned, older
+"""`proxy/upstream/tcpinfo.py`: the `struct tcp_info` parser against bytes this kernel returned, older
 (shorter) layouts, real sockets, and the per-request combination of readings.
 
 `data/tcp_info_linux-6.18_loopback.bin` is `getsockopt(IPPROTO_TCP, TCP_INFO, 512)` of a
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy import tcpinfo
 from proxy.dialects import Usage
-from proxy.record import RequestRecord
-from proxy.tcpinfo import NEW_CONNECTION, TcpInfo, TcpStats, parse, request_stats
-from proxy.timing import PhaseClock
+from proxy.exchange.record import RequestRecord
+from proxy.exchange.timing import PhaseClock
+from proxy.upstream import tcpinfo
+from proxy.upstream.tcpinfo import NEW_CONNECTION, TcpInfo, TcpStats, parse, request_stats
 
 CAPTURED = (Path(__file__).parent / "data" / "tcp_info_linux-6.18_loopback.bin").read_bytes()
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO is read on Linux only")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.timing import PhaseClock
+from proxy.exchange.timing import PhaseClock
 
 
 def run(

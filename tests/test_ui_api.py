@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.settings import Settings
+from proxy.config.settings import Settings
 from proxy.workers.supervisor import supervising
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import FakeUpstream, Handler, chat_stream, json_handler, stream_handler

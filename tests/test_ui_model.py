@@ -12,16 +12,16 @@ import pytest
 
 from proxy.dialects import Usage
 from proxy.errors import ErrorType
-from proxy.inflight import InFlight
-from proxy.record import RequestRecord
-from proxy.tcpinfo import TcpStats
-from proxy.timing import PhaseClock
+from proxy.exchange.inflight import InFlight
+from proxy.exchange.record import RequestRecord
+from proxy.exchange.timing import PhaseClock
 from proxy.ui.live import LiveView
 from proxy.ui.pairs import Pairs, differences
 from proxy.ui.render import detail, row
 from proxy.ui.ring import Entry, Query, Ring, compact_gaps, distinct, parse_query, select
 from proxy.ui.running import running_detail, running_matches, running_row
 from proxy.ui.summary import BUCKET_WIDTH, EXACT_SAMPLES, MAX_MODELS, Window
+from proxy.upstream.tcpinfo import TcpStats
 
 
 def record(

@@ -19,7 +19,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.errors import BodyFailure, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
-from proxy.timing import PhaseClock
+from proxy.exchange.timing import PhaseClock
 from proxy.upstream import UpstreamPool, UpstreamResponse
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]

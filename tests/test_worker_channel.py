@@ -27,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.accounting.prices import Cost
 from proxy.accounting.ratelimits import RateLimit, RateLimits
-from proxy.listen import bind
-from proxy.settings import Settings
-from proxy.tcpinfo import TcpStats
-from proxy.timing import SpanStart
+from proxy.config.settings import Settings
+from proxy.exchange.timing import SpanStart
+from proxy.server.listen import bind
+from proxy.upstream.tcpinfo import TcpStats
 from proxy.workers.channel import ChannelError, decode, decode_frame, encode, mismatch, receive, receive_hello
 from proxy.workers.messages import (
     SCHEMA,

@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.lifecycle import Shutdown
-from proxy.listen import CannotListen
-from proxy.settings import Settings, usable_cores
+from proxy.config.settings import Settings, usable_cores
+from proxy.server.lifecycle import Shutdown
+from proxy.server.listen import CannotListen
 from proxy.workers.supervisor import Group, instance_id, supervising
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
 

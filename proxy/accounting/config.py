@@ -10,7 +10,7 @@ from pydantic import SecretStr
 
 from proxy.accounting.attribution import Attributor, parse_header_attributes
 from proxy.accounting.prices import PriceTable, load_prices
-from proxy.settings import Settings
+from proxy.config.settings import Settings
 
 __all__ = ["Accounting", "accounting_from", "label_name"]
 

@@ -8,7 +8,7 @@ from typing import Any
 from proxy.dialects.content import Message, Output, Part, arguments, text_part, uri_part
 from proxy.dialects.dialect import COMMON_PARAMS, Dialect
 from proxy.dialects.reader import StreamReader, items, loads, nonempty, openai_output_type, openai_usage
-from proxy.sse import SSEEvent
+from proxy.dialects.sse import SSEEvent
 
 __all__ = ["API_CHAT", "DIALECT", "ChatReader", "input_messages"]
 

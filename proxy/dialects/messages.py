@@ -11,7 +11,7 @@ import orjson
 from proxy.dialects.content import Message, Output, Part, text_part, uri_part
 from proxy.dialects.dialect import Dialect
 from proxy.dialects.reader import StreamReader, Usage, items, loads, nonempty, nonneg_int
-from proxy.sse import SSEEvent
+from proxy.dialects.sse import SSEEvent
 
 __all__ = ["API_MESSAGES", "DIALECT", "MessagesReader", "input_messages"]
 

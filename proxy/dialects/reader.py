@@ -15,8 +15,8 @@ import orjson
 from mypy_extensions import mypyc_attr
 
 from proxy.dialects.content import Output, bounded_json
+from proxy.dialects.sse import SSEEvent
 from proxy.frozen import Reduced, reduce_frozen
-from proxy.sse import SSEEvent
 
 __all__ = [
     "MAX_MODEL_LENGTH",

@@ -29,11 +29,11 @@ import socket
 import ssl
 from collections.abc import Iterator, Mapping
 
-from proxy.envproxy import forward_proxy_for
+from proxy.config.envproxy import forward_proxy_for
+from proxy.config.routes import Route
 from proxy.errors import BodyFailure, ProxyError, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.logs.origin import origin
 from proxy.logs.ratelimited import RateLimitedLog
-from proxy.routes import Route
 
 __all__ = ["UpstreamFailures", "body_cause", "head_cause"]
 

@@ -395,7 +395,7 @@ async def _embeddings(sim: Simulator, request: web.Request) -> web.Response:
 
 def create_app(settings: SimSettings, catalogue: tuple[ModelSpec, ...], tokenizer: Tokenizer) -> web.Application:
     """The simulator as an aiohttp application (its engines stop with the app)."""
-    # Header lines as long as the proxy allows (proxy/app.py): what passes the proxy passes here.
+    # Header lines as long as the proxy allows (proxy/server/app.py): what passes the proxy passes here.
     app = web.Application(client_max_size=32 * 1024 * 1024, handler_args={"max_field_size": 16384})
     app[SIMULATOR] = Simulator(settings, catalogue, tokenizer)
 

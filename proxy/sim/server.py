@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.lifecycle import Drained, Shutdown, drain, run_loop
-from proxy.listen import CannotListen, bind
+from proxy.server.lifecycle import Drained, Shutdown, drain, run_loop
+from proxy.server.listen import CannotListen, bind
 from proxy.sim.app import SIMULATOR, Simulator, create_app
 from proxy.sim.catalogue import DEFAULT_CATALOGUE, ModelSpec, catalogue_from
 from proxy.sim.settings import SimSettings

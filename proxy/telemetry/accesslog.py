@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
 
 __all__ = ["AccessLog", "access_line"]
 

@@ -32,7 +32,7 @@ from functools import reduce
 from operator import add
 
 from proxy.frozen import Reduced, reduce_frozen
-from proxy.series import Binned, bucket_pairs
+from proxy.workers.series import Binned, bucket_pairs
 
 __all__ = [
     "CARDINALITY_LIMIT",

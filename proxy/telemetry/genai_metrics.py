@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from proxy import __version__
 from proxy.dialects import Usage
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
 from proxy.telemetry.aggregate import AttributeSet, Counter, Histogram, temporality_from_env
 from proxy.telemetry.metric_pipeline import (
     DEFAULT_INTERVAL,

@@ -6,7 +6,7 @@ passed in, the families are registered there as a collector too (tests read valu
 A request updates its histograms once, when it ends, from its frozen `RequestRecord`; the label
 children for an (upstream, api, model) triple are created once and reused. Every family that
 describes requests carries `upstream`, the route's name (`--route NAME:/prefix=URL`, by default
-derived from the upstream's URL: `proxy.routes.derived_names`): bounded by the configuration.
+derived from the upstream's URL: `proxy.config.routes.derived_names`): bounded by the configuration.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from proxy.errors import ERROR_TYPES
-from proxy.record import UNKNOWN_MODEL, RequestRecord
+from proxy.exchange.record import UNKNOWN_MODEL, RequestRecord
 from proxy.telemetry.exposition import Counter, Gauge, Histogram, HistogramChild, Registry, ValueChild
 
 __all__ = [

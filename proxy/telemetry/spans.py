@@ -31,15 +31,15 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import AnyValue
 
 from proxy import __version__
+from proxy.config.routes import Route
 from proxy.dialects import RequestInfo
-from proxy.record import RequestRecord, Traced
-from proxy.routes import Route
+from proxy.exchange.record import RequestRecord, Traced
+from proxy.exchange.timing import RequestTiming, SpanContextValues, SpanStart
 from proxy.telemetry import propagation
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData, SpanProcessor
 from proxy.telemetry.tracing import SpanLimits, Tracing
-from proxy.timing import RequestTiming, SpanContextValues, SpanStart
 
 __all__ = ["NOT_TRACED", "RootSpan", "Telemetry", "bounded"]
 

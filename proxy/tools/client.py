@@ -28,7 +28,6 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy import tcpinfo
 from proxy.dialects import (
     API_CHAT,
     API_COMPLETIONS,
@@ -36,8 +35,9 @@ from proxy.dialects import (
     API_RESPONSES,
     reader_for,
 )
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.dialects.sse import SSEDecoder, SSEEvent
 from proxy.tools.route import DIRECT, Route, os_reason
+from proxy.upstream import tcpinfo
 
 __all__ = [
     "API_ALIASES", "Call", "ConnectTimer", "Measurement", "api_name", "auth_headers", "error_message", "measure",

@@ -27,7 +27,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from yarl import URL
 
-from proxy.hints import ENDPOINT_SUFFIXES as _DIALECT_SUFFIXES
+from proxy.server.hints import ENDPOINT_SUFFIXES as _DIALECT_SUFFIXES
 
 __all__ = [
     "DEFAULT_BASE_URL", "ENDPOINT_SUFFIXES", "BaseURLError", "ClientSettings", "Target", "load_target",
@@ -189,8 +189,8 @@ def load_target(settings: ClientSettings) -> Target:
 def route_base_url(name: str, environ: Mapping[str, str]) -> str:
     """The OpenAI-style base URL of the proxy's route `name`: its upstream URL + /v1. The routes
     come from `TAOTRACE_ROUTES` and `TAOTRACE_UPSTREAM`, as `taotrace serve` reads them."""
-    from proxy.routes import routes_for
-    from proxy.settings import DEFAULT_UPSTREAM, split_csv
+    from proxy.config.routes import routes_for
+    from proxy.config.settings import DEFAULT_UPSTREAM, split_csv
 
     specs = split_csv(environ.get("TAOTRACE_ROUTES", ""))
     assert isinstance(specs, list)

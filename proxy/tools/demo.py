@@ -26,14 +26,14 @@ import aiohttp
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from proxy.banner import live_view_warning
-from proxy.envproxy import forward_proxy_for
-from proxy.lifecycle import Shutdown, run_loop
-from proxy.listen import CannotListen
-from proxy.record import RequestRecord
+from proxy.config.envproxy import forward_proxy_for
+from proxy.config.settings import DEFAULT_UPSTREAM, Settings, check_upstream, upstream_url
+from proxy.exchange.record import RequestRecord
 from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running
-from proxy.settings import DEFAULT_UPSTREAM, Settings, check_upstream, upstream_url
+from proxy.server.banner import live_view_warning
+from proxy.server.lifecycle import Shutdown, run_loop
+from proxy.server.listen import CannotListen
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.tools.client import Call, api_name, auth_headers, measure

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
 from proxy.sim.tokens import EstimateTokenizer
 from proxy.tools.client import Measurement
 from proxy.tools.table import align, cell

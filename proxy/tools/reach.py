@@ -15,9 +15,9 @@ import time
 
 from yarl import URL
 
-from proxy import tcpinfo
 from proxy.tools.client import ms
 from proxy.tools.route import Route, os_reason
+from proxy.upstream import tcpinfo
 
 __all__ = ["Unreachable", "reach"]
 

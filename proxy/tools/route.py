@@ -1,7 +1,7 @@
 """Which way the client tools (`probe`, `doctor`) reach a base URL: directly, or through the
 forward proxy `HTTPS_PROXY` / `HTTP_PROXY` names, unless `NO_PROXY` (or loopback) says direct.
 
-The decision is `serve`'s own (`proxy.envproxy.forward_proxy_for`: one set of rules); aiohttp
+The decision is `serve`'s own (`proxy.config.envproxy.forward_proxy_for`: one set of rules); aiohttp
 then does the connecting, as `serve`'s pool does: a `CONNECT host:port` tunnel with TLS to the
 target inside it for https, absolute-form requests for http. The proxy's credentials travel as
 `Proxy-Authorization` (on CONNECT for https, on each request for http) and are never shown:
@@ -21,7 +21,7 @@ from typing import Any
 
 from yarl import URL
 
-from proxy.envproxy import ForwardProxy, bypassed, forward_proxy_for
+from proxy.config.envproxy import ForwardProxy, bypassed, forward_proxy_for
 
 __all__ = ["BAD_VARIABLE_FIX", "DIRECT", "Route", "os_reason", "route_for"]
 

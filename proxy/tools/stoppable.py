@@ -1,6 +1,6 @@
 """Ctrl-C for the client tools (demo, probe, doctor): the first SIGINT or SIGTERM stops the work
 in progress and the command reports what it finished, instead of a `KeyboardInterrupt`
-traceback that loses it. Signals as `proxy.lifecycle.Shutdown` takes them (a third ends the
+traceback that loses it. Signals as `proxy.server.lifecycle.Shutdown` takes them (a third ends the
 process on the spot)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from contextlib import suppress
 from typing import TypeVar
 
-from proxy.lifecycle import Shutdown
+from proxy.server.lifecycle import Shutdown
 
 __all__ = ["interrupted_status", "signals", "unless_stopped"]
 

@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.record import RequestRecord
+from proxy.exchange.record import RequestRecord
 
 __all__ = ["MAX_PAIRS", "MAX_PENDING", "Pairs", "differences", "outcome"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from proxy.record import model_label
-from proxy.series import Binned
+from proxy.exchange.record import model_label
 from proxy.ui.ring import SERIES, Entry
+from proxy.workers.series import Binned
 
 __all__ = ["detail", "row"]
 

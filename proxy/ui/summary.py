@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.record import RequestRecord, model_label
+from proxy.exchange.record import RequestRecord, model_label
 
 __all__ = ["BUCKET_WIDTH", "EXACT_SAMPLES", "MAX_MODELS", "PHASES", "QUANTILES", "Window"]
 

@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from proxy import tcpinfo
 from proxy.errors import BodyFailure
-from proxy.tcpinfo import TcpInfo
+from proxy.upstream import tcpinfo
 from proxy.upstream._cycle import BODY_ENDED, CLOSED, DONE, FAIL, HEAD_READY, IDLE, MUST_CLOSE, ResponseCycle
+from proxy.upstream.tcpinfo import TcpInfo
 
 __all__ = ["PENDING_LIMIT", "Connection", "Sink"]
 

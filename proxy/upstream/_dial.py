@@ -10,9 +10,9 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from proxy.envproxy import ForwardProxy
+from proxy.config.envproxy import ForwardProxy
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.timing import PhaseClock
+from proxy.exchange.timing import PhaseClock
 from proxy.upstream._connection import Connection
 from proxy.upstream._tunnel import open_tunnel
 

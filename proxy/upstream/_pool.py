@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable
 
 from yarl import URL
 
-from proxy.envproxy import ForwardProxy
+from proxy.config.envproxy import ForwardProxy
 from proxy.errors import BodyFailure, UpstreamBroken, UpstreamUnreachable
-from proxy.timing import PhaseClock
+from proxy.exchange.timing import PhaseClock
 from proxy.upstream._connection import Connection
 from proxy.upstream._cycle import ResponseCycle, Stale
 from proxy.upstream._dial import Dialer

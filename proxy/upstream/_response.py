@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from proxy import tcpinfo
-from proxy.tcpinfo import TcpInfo
+from proxy.upstream import tcpinfo
 from proxy.upstream._connection import Connection, Sink
+from proxy.upstream.tcpinfo import TcpInfo
 
 if TYPE_CHECKING:
     from proxy.upstream._pool import UpstreamPool

@@ -7,7 +7,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from proxy.envproxy import ForwardProxy
+from proxy.config.envproxy import ForwardProxy
 from proxy.errors import UpstreamUnreachable
 from proxy.upstream._connection import Connection
 from proxy.upstream._cycle import HEAD_LIMIT

@@ -27,10 +27,10 @@ from proxy import __version__
 from proxy.accounting.prices import Cost
 from proxy.accounting.ratelimits import RateLimit, RateLimits
 from proxy.dialects import Usage
-from proxy.inflight import InFlight
-from proxy.record import RequestRecord
-from proxy.tcpinfo import TcpStats
-from proxy.timing import RequestTiming, SpanStart
+from proxy.exchange.inflight import InFlight
+from proxy.exchange.record import RequestRecord
+from proxy.exchange.timing import RequestTiming, SpanStart
+from proxy.upstream.tcpinfo import TcpStats
 from proxy.workers.plain import Plain
 
 __all__ = [

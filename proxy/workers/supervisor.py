@@ -55,15 +55,15 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, accounting_from
-from proxy.inflight import InFlight
-from proxy.lifecycle import Shutdown
-from proxy.listen import bind, http_url
+from proxy.config.settings import Settings
+from proxy.exchange.inflight import InFlight
+from proxy.exchange.mirror import worker_share
+from proxy.exchange.record import RequestRecord
 from proxy.logs.ratelimited import RateLimitedLog
-from proxy.mirror import worker_share
-from proxy.record import RequestRecord
-from proxy.reporting import Reporting
-from proxy.settings import Settings
-from proxy.sinks import Named, Sinks
+from proxy.reporting.reporting import Reporting
+from proxy.reporting.sinks import Named, Sinks
+from proxy.server.lifecycle import Shutdown
+from proxy.server.listen import bind, http_url
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spandata import Resource
@@ -168,7 +168,7 @@ class _Supervisor:
         self.channel_bound = channel_bound
         self.group = group
         self.telemetry = telemetry
-        # The group's records fan out as one process's do (`proxy/sinks.py`): the metrics, then
+        # The group's records fan out as one process's do (`proxy/reporting/sinks.py`): the metrics, then
         # each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}. The
         # workers' own sinks are counted here from their Records: at 0 from the start too, as in
         # one process (an alert on a series that does not exist yet never fires).

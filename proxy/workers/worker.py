@@ -1,7 +1,7 @@
 """One serving process of `taotrace serve --workers N`: `python -m proxy.workers.worker FD`.
 
 It says Hello to the supervisor on the socket FD (its version: a supervisor of other code refuses
-it), is told how to serve (`Start`), then runs the proxy port (`proxy.serving`) on the shared
+it), is told how to serve (`Start`), then runs the proxy port (`proxy.server.serving`) on the shared
 port (SO_REUSEPORT) with a `Shipper` in place of local metrics: finished records and the
 in-flight counts go to the supervisor, which aggregates them and serves /metrics. A worker never
 renders exposition text, and never blocks on the supervisor: what it cannot send is bounded
@@ -24,14 +24,14 @@ import sys
 from contextlib import suppress
 
 from proxy.accounting.config import accounting_from
-from proxy.app import ServerState
-from proxy.inflight import InFlightRequests
-from proxy.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
-from proxy.listen import bind
-from proxy.record import RequestRecord
-from proxy.reporting import telemetry_for
-from proxy.serving import serving
-from proxy.settings import Settings
+from proxy.config.settings import Settings
+from proxy.exchange.inflight import InFlightRequests
+from proxy.exchange.record import RequestRecord
+from proxy.reporting.reporting import telemetry_for
+from proxy.server.app import ServerState
+from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
+from proxy.server.listen import bind
+from proxy.server.serving import serving
 from proxy.telemetry.exposition import Counter, Gauge, Registry
 from proxy.telemetry.tracing import build_tracing
 from proxy.workers.binning import binned

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.app import create_metrics_app
+from proxy.config.settings import Settings
 from proxy.serve import running
-from proxy.settings import Settings
+from proxy.server.app import create_metrics_app
 from proxy.telemetry.tracing import Tracing
 from tests.adversarial.util import Upstream
 from tests.fakes import chat_stream, stream_handler

@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from proxy.config.settings import Settings
 from proxy.serve import running
-from proxy.settings import Settings
 from proxy.telemetry.tracing import Tracing
 from tests.adversarial.faultproxy import FaultProxy, Faults, blackhole
 from tests.adversarial.util import (

@@ -9,8 +9,8 @@ from typing import get_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.headers import HOP_BY_HOP, ForwardedFor, request_headers, response_headers
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.dialects.sse import SSEDecoder, SSEEvent
+from proxy.exchange.headers import HOP_BY_HOP, ForwardedFor, request_headers, response_headers
 
 # --- SSE ------------------------------------------------------------------------------------
 

@@ -269,8 +269,8 @@ async def test_an_unhandled_error_answers_500_without_its_message(upstream, capl
     gives a plain 500; the log keeps the stack but never the exception's text."""
     import logging
 
+    from proxy.config.settings import Settings
     from proxy.serve import running
-    from proxy.settings import Settings
     from proxy.telemetry.exposition import Counter
     from proxy.telemetry.tracing import Tracing
 

@@ -188,8 +188,8 @@ def _toggler(tmp: str) -> Callable[[], None]:
 async def run(n: int, segment: str | None = None) -> dict[str, list[int]]:
     from yarl import URL
 
+    from proxy.config.settings import Settings
     from proxy.serve import running
-    from proxy.settings import Settings
     from proxy.telemetry.tracing import Tracing
 
     loop = asyncio.get_running_loop()

@@ -53,15 +53,15 @@ def steps(src: Path) -> dict[str, Callable[[], Any]]:
     from multidict import CIMultiDict, CIMultiDictProxy
     from prometheus_client import CollectorRegistry
 
-    from proxy import tcpinfo
     from proxy.accounting.attribution import Attributor
     from proxy.accounting.ratelimits import read_rate_limits
     from proxy.dialects import Usage
-    from proxy.record import RequestRecord
+    from proxy.exchange.record import RequestRecord
+    from proxy.exchange.timing import PhaseClock
     from proxy.telemetry.genai_metrics import GenAIMetrics
     from proxy.telemetry.metrics import Metrics, ModelLabels
-    from proxy.timing import PhaseClock
     from proxy.ui import LiveView
+    from proxy.upstream import tcpinfo
 
     def clock(tokens: int = 16) -> PhaseClock:
         phase = PhaseClock(1.0)

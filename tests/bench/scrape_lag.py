@@ -119,9 +119,9 @@ def probed_worker(fd: str) -> None:
 
 def probed_serve(argv: list[str]) -> None:
     """`taotrace serve` (one process, or the supervisor of a group whose workers are probed)."""
-    from proxy.lifecycle import Shutdown, run_loop
+    from proxy.config.settings import Settings
     from proxy.serve import configure_logging
-    from proxy.settings import Settings
+    from proxy.server.lifecycle import Shutdown, run_loop
     from proxy.workers import supervisor
 
     settings = Settings(**json.loads(argv[0]))

@@ -61,14 +61,14 @@ def records(count: int, long: int, spans: bool, seed: int = 1) -> list[Any]:
     from multidict import CIMultiDict
 
     from proxy.accounting.attribution import Attributor, HeaderAttribute
+    from proxy.config.settings import Settings
     from proxy.dialects import Usage
     from proxy.dialects.dialect import RequestInfo
-    from proxy.record import RequestRecord
-    from proxy.reporting import telemetry_for
-    from proxy.settings import Settings
-    from proxy.tcpinfo import TcpStats
+    from proxy.exchange.record import RequestRecord
+    from proxy.exchange.timing import PhaseClock
+    from proxy.reporting.reporting import telemetry_for
     from proxy.telemetry.tracing import build_tracing
-    from proxy.timing import PhaseClock
+    from proxy.upstream.tcpinfo import TcpStats
 
     rnd = random.Random(seed)
     telemetry = telemetry_for(Settings(), build_tracing({}, export=False), ship=True)
@@ -228,8 +228,8 @@ class _Stopwatch:
 async def _supervise(args: argparse.Namespace) -> dict[str, float]:
     from prometheus_client import CollectorRegistry
 
-    from proxy.lifecycle import settle_heap
-    from proxy.settings import Settings
+    from proxy.config.settings import Settings
+    from proxy.server.lifecycle import settle_heap
     from proxy.telemetry.tracing import shutdown_tracing
     from proxy.workers.supervisor import supervising
 
@@ -298,8 +298,8 @@ def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEvent
     from prometheus_client import CollectorRegistry
 
     from proxy.accounting.config import accounting_from
-    from proxy.reporting import Reporting
-    from proxy.settings import Settings
+    from proxy.config.settings import Settings
+    from proxy.reporting.reporting import Reporting
     from proxy.telemetry.tracing import Tracing, shutdown_tracing
     from proxy.workers import supervisor
     from proxy.workers.channel import encode, receive
@@ -348,8 +348,8 @@ def _micro(args: argparse.Namespace) -> dict[str, float]:
     from prometheus_client import CollectorRegistry
 
     from proxy.accounting.config import accounting_from
-    from proxy.reporting import Reporting
-    from proxy.settings import Settings
+    from proxy.config.settings import Settings
+    from proxy.reporting.reporting import Reporting
 
     out: dict[str, float] = {}
     loop = asyncio.new_event_loop()

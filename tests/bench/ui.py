@@ -33,11 +33,11 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from proxy.config.settings import Settings  # noqa: E402
 from proxy.dialects import Usage  # noqa: E402
-from proxy.record import RequestRecord  # noqa: E402
+from proxy.exchange.record import RequestRecord  # noqa: E402
+from proxy.exchange.timing import PhaseClock  # noqa: E402
 from proxy.serve import running  # noqa: E402
-from proxy.settings import Settings  # noqa: E402
-from proxy.timing import PhaseClock  # noqa: E402
 from proxy.ui import LiveView  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

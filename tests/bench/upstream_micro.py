@@ -74,7 +74,7 @@ class ScriptedTransport(asyncio.Transport):
 async def run(n: int) -> float:
     from yarl import URL
 
-    from proxy.timing import PhaseClock
+    from proxy.exchange.timing import PhaseClock
     from proxy.upstream import UpstreamPool
 
     pool = UpstreamPool(URL("http://127.0.0.1:9"), connect_timeout=1, read_timeout=60, keepalive=60)

@@ -52,7 +52,7 @@ class InFlight:
 
 
 class Running(Protocol):
-    """What the registry holds: an exchange that can describe itself (`proxy.forward`)."""
+    """What the registry holds: an exchange that can describe itself (`proxy.exchange.forward`)."""
 
     def in_flight(self, now: float, wall: float, gaps: bool) -> InFlight: ...
 

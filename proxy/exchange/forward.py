@@ -36,25 +36,25 @@ from multidict import CIMultiDict
 from proxy.accounting.attribution import Attributor
 from proxy.accounting.prices import Cost, PriceTable, cost_of
 from proxy.accounting.ratelimits import read_rate_limits
+from proxy.config.routes import Route, Router
 from proxy.dialects import DIALECTS, Dialect, Dialects, RequestInfo, StreamReader, Usage, is_chunk, request_info
+from proxy.dialects.sse import SSEDecoder
 from proxy.errors import BadTarget, BodyFailure, BodyTooLarge, ErrorType, ProxyError
-from proxy.headers import ForwardedFor, request_headers, response_headers
-from proxy.inflight import InFlight, InFlightRequests
+from proxy.exchange.headers import ForwardedFor, request_headers, response_headers
+from proxy.exchange.inflight import InFlight, InFlightRequests
+from proxy.exchange.mirror import MirrorPolicy, mirror_headers, new_pair_id
+from proxy.exchange.outcome import End, Facts, Outcome, decide
+from proxy.exchange.record import RequestRecord, Traced, usage_of
+from proxy.exchange.timing import PhaseClock
 from proxy.logs.ratelimited import RateLimitedLog
 from proxy.logs.stack import stack_of
 from proxy.logs.upstream_failures import UpstreamFailures
-from proxy.mirror import MirrorPolicy, mirror_headers, new_pair_id
-from proxy.outcome import End, Facts, Outcome, decide
-from proxy.protocol import RelayedResponse
-from proxy.record import RequestRecord, Traced, usage_of
-from proxy.routes import Route, Router
-from proxy.sinks import Named, Sinks
-from proxy.sse import SSEDecoder
-from proxy.tcpinfo import TcpInfo, TcpStats, request_stats
+from proxy.reporting.sinks import Named, Sinks
+from proxy.server.protocol import RelayedResponse
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import NOT_TRACED, RootSpan, Telemetry
-from proxy.timing import PhaseClock
 from proxy.upstream import UpstreamPool, UpstreamResponse
+from proxy.upstream.tcpinfo import TcpInfo, TcpStats, request_stats
 
 __all__ = ["Forwarder", "Upstream"]
 
@@ -332,7 +332,7 @@ class _Exchange:
         self.client_headers = client_headers
         self.status = 502  # what the client got; 502 until the upstream answered
         self.refused: ErrorType | None = None  # the proxy answered itself (`status`), with this word
-        self.end: End = "complete"  # how it ended (see proxy/outcome.py)
+        self.end: End = "complete"  # how it ended (see proxy/exchange/outcome.py)
         self.head_sent = False  # the response head went to the client
         self.upstream: UpstreamResponse | None = None
         self.relay: _Relay | None = None
@@ -481,9 +481,9 @@ class Forwarder:
         warnings: RateLimitedLog | None = None,
         forwarded_for: ForwardedFor = "append",
     ) -> None:
-        """`mirror`: the policy and the upstream that copies go to (`proxy/mirror.py`);
+        """`mirror`: the policy and the upstream that copies go to (`proxy/exchange/mirror.py`);
         `mirror_dropped(reason)` counts a copy refused by a cap; `forwarded_for`: what a request
-        sent upstream carries of the client's address (`proxy/headers.py`). `capture_io_values`
+        sent upstream carries of the client's address (`proxy/exchange/headers.py`). `capture_io_values`
         (with `capture_content`): the last user message's and the answer's plain text, for the span."""
         self.router = router
         self.dialects = dialects

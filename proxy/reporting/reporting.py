@@ -26,13 +26,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from proxy.accounting.config import Accounting, label_name
-from proxy.app import create_metrics_app, upstream_url
-from proxy.listen import http_url
-from proxy.protocol import GuardedAppRunner
-from proxy.record import RequestRecord
-from proxy.routes import routes_for
-from proxy.settings import Settings, parse_thresholds
-from proxy.sinks import Named
+from proxy.config.routes import routes_for
+from proxy.config.settings import Settings, parse_thresholds
+from proxy.exchange.record import RequestRecord
+from proxy.reporting.sinks import Named
+from proxy.server.app import create_metrics_app, upstream_url
+from proxy.server.listen import http_url
+from proxy.server.protocol import GuardedAppRunner
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metric_pipeline import MetricPipeline

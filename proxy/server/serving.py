@@ -18,14 +18,14 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from proxy.accounting.config import Accounting
-from proxy.app import DIRECT_KEY, ServerState, create_proxy_app
+from proxy.config.settings import Settings
 from proxy.dialects import DIALECTS, Dialects
-from proxy.lifecycle import Drained, drain
-from proxy.listen import http_url
-from proxy.protocol import GuardedAppRunner
-from proxy.record import RequestRecord
-from proxy.settings import Settings
-from proxy.sinks import Named
+from proxy.exchange.record import RequestRecord
+from proxy.reporting.sinks import Named
+from proxy.server.app import DIRECT_KEY, ServerState, create_proxy_app
+from proxy.server.lifecycle import Drained, drain
+from proxy.server.listen import http_url
+from proxy.server.protocol import GuardedAppRunner
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry

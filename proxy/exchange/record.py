@@ -1,7 +1,7 @@
 """The record of one finished request: what happened to it, in plain frozen values, handed to
 every sink (metrics, spans, the live view, the access log, a worker's shipper).
 
-Built once per request, when it ends (`proxy/forward.py`), from what its handler saw, its decided
+Built once per request, when it ends (`proxy/exchange/forward.py`), from what its handler saw, its decided
 `Outcome`, and what telemetry answered when asked once (`Traced`: trace id, outcome sampling, and
 in ship mode the root span's start). Sinks only read it; `usage_of` is the one rule for which usage
 a record carries.
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Literal
 
 from proxy.dialects import StreamReader, Usage
 from proxy.errors import ErrorType
-from proxy.tcpinfo import TcpStats
-from proxy.timing import RequestTiming, SpanStart
+from proxy.exchange.timing import RequestTiming, SpanStart
+from proxy.upstream.tcpinfo import TcpStats
 
 if TYPE_CHECKING:
     from proxy.accounting.prices import Cost
@@ -72,7 +72,7 @@ class RequestRecord:
     method: str
     path: str
     status_code: int
-    error_type: ErrorType | Literal[""]  # "" on success (proxy/outcome.py decides it)
+    error_type: ErrorType | Literal[""]  # "" on success (proxy/exchange/outcome.py decides it)
     timing: RequestTiming
     usage: Usage
     usage_source: str  # "reported" | "counted" | "none"

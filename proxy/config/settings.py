@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
-from proxy.headers import ForwardedFor
+from proxy.exchange.headers import ForwardedFor
 
 DEFAULT_UPSTREAM = "https://taotoken.net/api"
 DEFAULT_MIRROR_PATHS = ("/chat/completions", "/responses", "/messages")
@@ -297,7 +297,7 @@ class Settings(BaseSettings):
                 "--mirror doubles token spend on the requests it copies: give --mirror-ratio (e.g. 0.05) "
                 "and --mirror-max-per-minute (e.g. 10) too"
             )
-        from proxy.routes import routes_for
+        from proxy.config.routes import routes_for
 
         names = [r.name for r in routes_for(self.upstream, self.routes)]
         if self.mirror.lower() not in names:
@@ -307,7 +307,7 @@ class Settings(BaseSettings):
     @field_validator("routes")
     @classmethod
     def _valid_routes(cls, value: list[str]) -> list[str]:
-        from proxy.routes import routes_for
+        from proxy.config.routes import routes_for
 
         routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
         return value

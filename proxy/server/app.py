@@ -19,18 +19,18 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from proxy.accounting.config import Accounting
+from proxy.config.envproxy import forward_proxy_for
+from proxy.config.routes import Route, Router, routes_for
+from proxy.config.settings import Settings, upstream_url
 from proxy.dialects import DIALECTS, Dialects
-from proxy.envproxy import forward_proxy_for
-from proxy.forward import Forwarder, Observer, Upstream
-from proxy.hints import DoubledPrefix
-from proxy.inflight import InFlightRequests
+from proxy.exchange.forward import Forwarder, Observer, Upstream
+from proxy.exchange.inflight import InFlightRequests
+from proxy.exchange.mirror import MirrorPolicy
+from proxy.exchange.record import RequestRecord
 from proxy.logs.ratelimited import RateLimitedLog, flushing
 from proxy.logs.upstream_failures import UpstreamFailures
-from proxy.mirror import MirrorPolicy
-from proxy.record import RequestRecord
-from proxy.routes import Route, Router, routes_for
-from proxy.settings import Settings, upstream_url
-from proxy.sinks import Named
+from proxy.reporting.sinks import Named
+from proxy.server.hints import DoubledPrefix
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry

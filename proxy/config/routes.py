@@ -61,7 +61,7 @@ class Route:
 
 def _url(raw: str) -> URL:
     # Imported here: settings imports this module to validate --route.
-    from proxy.settings import upstream_url
+    from proxy.config.settings import upstream_url
 
     return upstream_url(raw)
 
