@@ -9,9 +9,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 # What `make lint` checks (ruff's settings and mypy's are in pyproject.toml).
-LINT_PATHS := proxy tests deploy setup.py
+LINT_PATHS := proxy tests deploy
 
-.PHONY: venv system-deps test test-fast test-otel-range test-compiled compiled lint demo probe doctor serve sim bench screenshots clean FORCE
+.PHONY: venv system-deps test test-fast test-otel-range lint demo probe doctor serve sim bench screenshots clean FORCE
 
 # What a Python says of itself: "3.12.1 pip /usr/bin/python3.12" (version, pip or nopip, path).
 ABOUT := -c 'import importlib.util, sys; v = sys.version_info; print("%d.%d.%d" % v[:3], "pip" if importlib.util.find_spec("pip") else "nopip", sys.executable)'
@@ -49,11 +49,6 @@ $(VENV)/.installed-test: pyproject.toml $(STALE) | $(PY)
 $(VENV)/.installed-lint: pyproject.toml $(STALE) | $(PY)
 	@$(INSTALLING)
 	@$(PY) -m pip install -q -e '.[test,stack,lint]' >&2 || $(FAILED) >&2
-	@touch $@
-
-$(VENV)/.installed-compile: pyproject.toml $(STALE) | $(PY)
-	@$(INSTALLING)
-	@$(PY) -m pip install -q -e '.[test,stack,compile]' >&2 || $(FAILED) >&2
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(STALE) | $(PY)
@@ -129,49 +124,6 @@ test-otel-range: $(VENV)-otel-oldest/.installed $(VENV)-otel-newest/.installed
 # system-deps either. `make test` runs it too, with the end-to-end tier.
 test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -q --unit $(ARGS)
-
-# The optional compiled build (proxy/compiled.py, setup.py): the modules it lists, compiled with
-# mypyc into C extensions. `compiled` builds them into a copy of this tree, COMPILED (never into
-# proxy/ itself, where a stale .so would shadow the .py being edited); `test-compiled` runs the
-# whole suite there (ARGS: a part of it), PYTHONPATH making every process the tests start import
-# the copy, and --compiled making the run fail unless each listed module is a C extension (the
-# copy's .venv is a link to this one). mypyc comes with mypy ([compile]); a C compiler and
-# Python's headers build the extensions (installed when missing, if we are root). The copy is
-# marked: an existing COMPILED outside build/ that is not one (a checkout, a home) is refused,
-# never emptied.
-COMPILED ?= build/compiled
-COMPILED_MARK := .taotrace-compiled-copy
-HAS_HEADERS := -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
-compiled: $(VENV)/.installed-compile
-	@case "$(abspath $(COMPILED))/" in \
-	  ($(abspath build)/?*) ;; \
-	  ($(CURDIR)/*) echo "make: COMPILED=$(COMPILED) is inside the source tree: use build/NAME, or a directory outside the tree" >&2; exit 1;; \
-	  (*) if [ -e "$(COMPILED)" ] && [ -n "$$(ls -A "$(COMPILED)")" ] && [ ! -e "$(COMPILED)/$(COMPILED_MARK)" ]; then \
-	        echo "make: COMPILED=$(COMPILED) exists and is not a compiled copy made by make compiled: choose a new or empty directory" >&2; exit 1; \
-	      fi;; \
-	esac
-	@if ! command -v cc >/dev/null 2>&1 || ! $(PY) $(HAS_HEADERS); then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc python3-dev >/dev/null; \
-	  fi; \
-	  if ! command -v cc >/dev/null 2>&1 || ! $(PY) $(HAS_HEADERS); then \
-	    echo "make: the compiled build needs a C compiler (cc) and the headers of $$($(PY) -c 'import sys; print("Python %d.%d" % sys.version_info[:2])') (Python.h): install gcc and that Python's -dev package" >&2; exit 1; \
-	  fi; \
-	fi
-	@mkdir -p "$(COMPILED)"
-	@touch "$(COMPILED)/$(COMPILED_MARK)"
-	@find "$(COMPILED)" -mindepth 1 -maxdepth 1 ! -name build ! -name $(COMPILED_MARK) -exec rm -rf {} +
-	@tar -c --exclude='./.venv*' --exclude=./build --exclude=./.git --exclude='*.egg-info' --exclude='__pycache__' \
-	  --exclude='*.so' --exclude=./tests/bench/results --exclude=./.mypy_cache --exclude=./.ruff_cache \
-	  --exclude=./.hypothesis --exclude=./.pytest_cache . | tar -x -C "$(COMPILED)"
-	@ln -sfn $(abspath $(VENV)) "$(COMPILED)/.venv"
-	@echo "compiling $$(cd "$(COMPILED)" && $(abspath $(PY)) -c 'from proxy.compiled import MODULES; print(len(MODULES))') modules with mypyc into $(COMPILED) (a minute the first time)..." >&2
-	@cd "$(COMPILED)" && TAOTRACE_COMPILE=1 $(abspath $(PY)) setup.py -q build_ext --inplace -j 2 >build.log 2>&1 || { cat build.log; exit 1; } >&2
-	@echo "built: $(COMPILED) is a copy of this tree with its modules compiled; run from there, e.g." >&2
-	@echo "  cd $(COMPILED) && .venv/bin/python -m proxy.compiled    # or: make test-compiled" >&2
-
-test-compiled: compiled system-deps
-	cd $(COMPILED) && PYTHONPATH=$(abspath $(COMPILED)) $(abspath $(PY)) -m pytest -q -p no:cacheprovider --compiled $(ARGS)
 
 # ruff (lint, then format check) and mypy --strict with the pydantic plugin; CI runs it first.
 lint: $(VENV)/.installed-lint

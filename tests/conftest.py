@@ -35,26 +35,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="the unit tier only (make test-fast): deselect e2e tests; a test that starts a process is skipped",
     )
-    parser.addoption(
-        "--compiled",
-        action="store_true",
-        default=False,
-        help="the compiled build (make test-compiled): fail unless proxy/compiled.py's modules are C extensions",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """With --compiled (`make test-compiled`) the suite must run the compiled modules, not fall
-    back quietly to the `.py` beside them; without it, the pure package (a stray extension in
-    proxy/ would make `make test` test compiled code only)."""
-    from proxy.compiled import MODULES, compiled_modules
-
-    found = compiled_modules()
-    want = len(MODULES) if config.getoption("--compiled") else 0
-    if len(found) != want:
-        raise pytest.UsageError(
-            f"{want} of the {len(MODULES)} modules of proxy/compiled.py should be compiled, {len(found)} are: {found}"
-        )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -73,11 +53,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept = {id(i) for i in unit}
         config.hook.pytest_deselected(items=[i for i in items if id(i) not in kept])
         items[:] = unit
-    if config.getoption("--compiled"):
-        for item in items:
-            marker = item.get_closest_marker("pure_only")
-            if marker is not None:
-                item.add_marker(pytest.mark.skip(reason="pure package only: " + marker.args[0]))
     if config.getoption("--soak"):
         return
     skip = pytest.mark.skip(reason="soak test: run with --soak")

@@ -248,8 +248,7 @@ def test_the_documented_example_is_a_working_dialect() -> None:
 
 
 def test_a_plug_in_reader_s_own_skip_and_capture_limit_hold() -> None:
-    """`SKIP` and `MAX_CAPTURE` are a subclass's to set, in both builds: compiled, an attribute
-    of the base read through `self` must still find the subclass's value."""
+    """`SKIP` and `MAX_CAPTURE` are a subclass's to set: the base reads them through `self`."""
     from proxy.dialects import StreamReader
     from proxy.dialects.sse import SSEEvent
 
@@ -273,7 +272,7 @@ def test_a_plug_in_reader_s_own_skip_and_capture_limit_hold() -> None:
 
 
 def test_a_plug_in_s_counts_that_are_not_counts_are_dropped_not_raised() -> None:
-    """An upstream's `"in": "2"` or `-1` must not reach `Usage` (compiled, its fields are checked)."""
+    """An upstream's `"in": "2"` or `-1` is no token count: `nonneg_int` keeps it out of `Usage`."""
     from proxy.dialects.sse import SSEDecoder
 
     reader = TOY.stream_reader()

@@ -112,11 +112,9 @@ def test_the_bench_needs_only_the_runtime_and_bench() -> None:
 def test_test_tools_stay_out_of_the_runtime_and_dev_has_everything() -> None:
     extras = PROJECT["optional-dependencies"]
     runtime = _names(PROJECT["dependencies"])
-    for extra in ("test", "stack", "lint", "compile"):
+    for extra in ("test", "stack", "lint"):
         assert not (_names(extras[extra]) - {"pyyaml"}) & runtime, extra
-    assert extras["dev"] == ["taotrace[test,stack,bench,lint,compile]"]
-    # the compiled build's mypy is the one `make lint` checks with: what builds is what was checked
-    assert [r for r in extras["compile"] if _name(r) == "mypy"] == [r for r in extras["lint"] if _name(r) == "mypy"]
+    assert extras["dev"] == ["taotrace[test,stack,bench,lint]"]
 
 
 def _recipes(makefile: str) -> dict[str, list[str]]:

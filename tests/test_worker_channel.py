@@ -44,6 +44,7 @@ from proxy.workers.messages import (
     Start,
     schema,
 )
+from proxy.workers.plain import Plain
 from proxy.workers.supervisor import Group, supervising
 from proxy.workers.worker import BATCH_DELAY, BATCH_RECORDS, Shipper
 from tests.fakes import FakeUpstream, chat_stream, json_handler, record_for, stream_handler
@@ -333,6 +334,18 @@ def test_a_record_crosses_the_channel_whole() -> None:
     assert back == message
     assert isinstance(back, Records) and type(back.records[0].span) is SpanStart
     assert back.records[0].rate_limits is not None and back.records[0].rate_limits.limits[1] == RateLimit(kind="tokens")
+
+
+def test_the_tuple_form_refuses_a_class_whose_fields_it_cannot_set() -> None:
+    """Records are rebuilt by setting slots directly: a dataclass without slots is refused when
+    its form is made (at import), not when a record crosses."""
+
+    @dataclasses.dataclass(frozen=True)
+    class NoSlots:
+        a: int
+
+    with pytest.raises(TypeError, match="NoSlots is not a slots dataclass"):
+        Plain(NoSlots)
 
 
 async def _real_worker(

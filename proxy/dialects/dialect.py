@@ -16,7 +16,6 @@ import orjson
 
 from proxy.dialects.content import Message, Part, bounded_json, last_user_text, no_messages
 from proxy.dialects.reader import MAX_MODEL_LENGTH, StreamReader, loads, model_name
-from proxy.frozen import Reduced, reduce_frozen
 
 __all__ = [
     "API_OTHER",
@@ -66,9 +65,6 @@ class RequestInfo:
     system_instructions: str | None = None  # gen_ai.system_instructions
     # The last user message's text, bounded, only with capture and --capture-io-values: input.value
     input_value: str | None = None
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def no_output_type(obj: dict[str, Any]) -> str | None:
@@ -158,9 +154,6 @@ class Dialect:
         reader = self.reader(capture_content)
         reader.read_body(body)
         return reader
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def request_info(

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import orjson
-from mypy_extensions import mypyc_attr
 
 from proxy.dialects.content import Output, bounded_json
 from proxy.dialects.sse import SSEEvent
-from proxy.frozen import Reduced, reduce_frozen
 
 __all__ = [
     "MAX_MODEL_LENGTH",
@@ -44,9 +42,6 @@ class Usage:
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
     cache_creation_input_tokens: int | None = None  # written to the provider's cache (Anthropic)
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def loads(data: bytes) -> Any:
@@ -112,8 +107,6 @@ def is_chunk(event: SSEEvent) -> bool:
     return bool(data) and data != b"[DONE]" and event.event != "ping"
 
 
-# A plug-in dialect's reader subclasses this one, which the compiled build compiles (proxy/compiled.py).
-@mypyc_attr(allow_interpreted_subclasses=True)
 class StreamReader:
     """Reads one answer of one dialect: a stream's events (`feed`) or a whole body (`read_body`).
 
@@ -132,9 +125,8 @@ class StreamReader:
         "out",
     )
 
-    # Events whose type alone says they carry nothing we read: skip the JSON parse. ClassVar, so
-    # that compiled, `self.SKIP` still finds a subclass's own (an instance default would not);
-    # any container of names (a plug-in may write a set, a tuple), as Python accepts it.
+    # Events whose type alone says they carry nothing we read: skip the JSON parse. Any container
+    # of names (a plug-in may write a set, a tuple).
     SKIP: ClassVar[Container[str]] = frozenset()
     MAX_CAPTURE: ClassVar[int] = 64 * 1024  # characters of the answer kept, with capture on
 

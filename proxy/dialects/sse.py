@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.frozen import Reduced, reduce_frozen
-
 __all__ = ["SSEDecoder", "SSEEvent", "DEFAULT_MAX_EVENT_BYTES"]
 
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
@@ -25,9 +23,6 @@ class SSEEvent:
     event: str
     data: bytes
     id: str | None = None
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 class SSEDecoder:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from proxy.errors import ErrorType, error_type_for_status
-from proxy.frozen import Reduced, reduce_frozen
 
 __all__ = ["End", "Facts", "Outcome", "decide"]
 
@@ -54,9 +53,6 @@ class Facts:
     error_head: bytes = b""  # the first bytes of an error response's body (a 404 naming the model)
     unfinished: bool = False  # a parsed stream without its dialect's defined end (a finish reason, ...)
 
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
-
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -66,9 +62,6 @@ class Outcome:
     status: int
     error_type: ErrorType | Literal[""]
     at_last_byte: bool = False
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 def decide(facts: Facts) -> Outcome:

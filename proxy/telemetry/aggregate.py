@@ -31,7 +31,6 @@ from enum import IntEnum
 from functools import reduce
 from operator import add
 
-from proxy.frozen import Reduced, reduce_frozen
 from proxy.workers.series import Binned, bucket_pairs
 
 __all__ = [
@@ -79,9 +78,6 @@ class AttributeSet:
     def of(cls, attributes: Attributes) -> AttributeSet:
         return cls(attributes, frozenset(attributes.items()))
 
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
-
 
 class Temporality(IntEnum):
     """OTLP's AggregationTemporality values."""
@@ -110,9 +106,6 @@ class HistogramPoint:
     min: float
     max: float
 
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
-
 
 @dataclass(frozen=True, slots=True)
 class SumPoint:
@@ -122,9 +115,6 @@ class SumPoint:
     start_ns: int
     time_ns: int
     value: int | float
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +129,6 @@ class MetricData:
     bounds: tuple[float, ...]
     points: tuple[HistogramPoint, ...] | tuple[SumPoint, ...]
 
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
-
 
 @dataclass(frozen=True, slots=True)
 class ScopeData:
@@ -151,9 +138,6 @@ class ScopeData:
     version: str
     schema_url: str
     metrics: tuple[MetricData, ...]
-
-    def __reduce__(self) -> Reduced:
-        return reduce_frozen(self)  # compiled, pickle and copy must go through __init__
 
 
 class _HistogramState:

@@ -5,8 +5,7 @@ the field values in field order, a dataclass field (`D`, `D | None`, `tuple[D, .
 tuple, in a field of a dataclass or another type (`X | D`: exactly two, X never a list, nor
 None, nor a type that may hold one) as a list, which tells it from an X; every other value as it is (they are `marshal`'s types: str, int, float, bool,
 None, tuples, lists, dicts); `decode(values)` builds the object again, setting its slots
-directly without running `__init__` where the class has slot descriptors, through `__init__`
-where it has none (a class the compiled build compiled, or a frozen dataclass without slots).
+directly without running `__init__` (every class must be a slots dataclass).
 
 Why not pickle: unpickling a frozen slots dataclass runs `dataclasses._dataclass_setstate`, Python
 code that looks up the fields and calls `object.__setattr__` once per field, for every object;
@@ -82,10 +81,9 @@ class Plain(Generic[T]):
         self.cls = cls
         self._get = operator.attrgetter(*(f.name for f in fields)) if len(fields) > 1 else None
         self._names = tuple(f.name for f in fields)
-        # A class compiled by mypyc (proxy/compiled.py) has no slot descriptors and refuses
-        # `object.__new__`: it is built through its `__init__`, which is C there.
-        self._native = not all(isinstance(getattr(cls, f.name, None), types.MemberDescriptorType) for f in fields)
-        self._setters = () if self._native else tuple(getattr(cls, f.name).__set__ for f in fields)
+        if not all(isinstance(getattr(cls, f.name, None), types.MemberDescriptorType) for f in fields):
+            raise TypeError(f"{cls.__name__} is not a slots dataclass: its fields cannot be set directly")
+        self._setters = tuple(getattr(cls, f.name).__set__ for f in fields)
         self._encoders: list[tuple[int, _Convert]] = []
         self._decoders: list[tuple[int, _Convert]] = []
         for i, f in enumerate(fields):
@@ -126,8 +124,6 @@ class Plain(Generic[T]):
         return self._build(values)
 
     def _build(self, values: tuple[Any, ...] | list[Any]) -> T:
-        if self._native:
-            return self.cls(**dict(zip(self._names, values, strict=True)))
         obj = object.__new__(self.cls)
         for set_field, value in zip(self._setters, values, strict=True):
             set_field(obj, value)

@@ -63,7 +63,7 @@ PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
 ARM_ORDER = (
     "direct", "nginx", "nginx-w2", "taotrace", "taotrace-mirror", "taotrace-tp", "taotrace-w2", "taotrace-metrics",
-    "taotrace-noexport", "taotrace-compiled", "taotrace-baseline", "litellm",
+    "taotrace-noexport", "taotrace-baseline", "litellm",
 )  # fmt: skip
 BOTH_CPUS = "0,1"  # the two-worker arms run on both cores (beside the load generator on core 0)
 HOLD_TOKENS = 4
@@ -220,10 +220,6 @@ class Bench:
         ):
             if name in wanted:
                 self._start_taotrace(name, env, upstream_url)
-        if "taotrace-compiled" in wanted:
-            src = self._compiled()
-            if src is not None:
-                self._start_taotrace("taotrace-compiled", env, upstream_url, src=src)
         if self.args.baseline:
             self._start_taotrace("taotrace-baseline", env, upstream_url, src=self._export_baseline(self.args.baseline))
         if "litellm" in wanted:
@@ -291,18 +287,6 @@ class Bench:
         dest.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", ref, "proxy"], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-        return dest
-
-    def _compiled(self) -> Path | None:
-        """This checkout built with the optional compiled modules (`make compiled`), beside the
-        results; None (the arm skipped, saying why) when it cannot be built here."""
-        dest = self.out / "compiled"
-        self.log("building the compiled modules (make compiled, ~1 min)")
-        r = subprocess.run(["make", "--no-print-directory", "compiled", f"COMPILED={dest}"], cwd=ROOT,
-                           capture_output=True, text=True, check=False)  # fmt: skip
-        if r.returncode != 0:
-            self.skipped["taotrace-compiled"] = "make compiled failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
-            return None
         return dest
 
     def _start_taotrace(self, name: str, env: dict[str, str], upstream_url: str, src: Path = ROOT) -> None:
