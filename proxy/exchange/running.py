@@ -1,22 +1,29 @@
-"""Requests being forwarded now, for the live view: read when someone asks, never per event.
+"""What runs now, in one place: every request in flight in this process.
 
-The Forwarder registers each exchange as it starts and removes it as it ends (a set add and a
-discard); `InFlightRequests.snapshot` then asks each for an `InFlight` made of what its phase
-clock and relay already hold. Nothing is computed while bytes flow, and nothing at all when
-nobody looks.
+    tasks       each request's handler task, from its first byte (the drain waits for them and
+                cancels those left at its deadline)
+    exchanges   each request (and `--mirror` copy) being forwarded, from its dialect's reading to
+                its bookkeeping: the live view reads them when it polls, the in-flight gauge
+                counts the requests among them, the bookkeeping queue asks whether any still run
+    draining    a drain has begun: /readyz says 503, a request cut now is `shutdown`
+
+Nothing is computed while bytes flow: the live view asks each exchange for an `InFlight` made of
+what its phase clock and relay already hold, and only when someone looks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["PHASES", "InFlight", "InFlightRequests", "Running"]
+__all__ = ["PHASES", "Counted", "InFlight", "Running", "RunningExchange"]
 
 log = logging.getLogger("taotrace")
+
 
 # The phase a running request has reached: writing the request (network), waiting for the
 # response head (headers), a stream open with no token yet (prefill_wait), tokens arriving
@@ -51,30 +58,59 @@ class InFlight:
     gaps: tuple[float, ...] = ()  # inter-token gaps so far: only when one request is asked for
 
 
-class Running(Protocol):
-    """What the registry holds: an exchange that can describe itself (`proxy.exchange.forward`)."""
+
+
+class RunningExchange(Protocol):
+    """What the registry holds: an exchange that can describe itself (`proxy.exchange.exchange`)."""
+
+    mirror: bool
+    task: asyncio.Task[Any] | None
 
     def in_flight(self, now: float, wall: float, gaps: bool) -> InFlight: ...
 
 
-class InFlightRequests:
-    """The exchanges in flight in this process."""
+class Counted(Protocol):
+    """The in-flight gauge's child for one (upstream, api): what `Running` counts requests in."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
+class Running:
+    """The requests in flight in this process (see the module's docstring)."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, wall_clock: Callable[[], float] = time.time):
-        self._running: set[Running] = set()
-        self.clock = clock  # the Forwarder's clock: the phase clocks' instants are on it
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._exchanges: set[RunningExchange] = set()
+        self.draining = False
+        self.clock = clock  # the handler's clock: the phase clocks' instants are on it
         self.wall_clock = wall_clock
-        self.add = self._running.add
-        self.discard = self._running.discard
 
     def __len__(self) -> int:
-        return len(self._running)
+        """Exchanges between their start and their bookkeeping (mirror copies included)."""
+        return len(self._exchanges)
+
+    def add(self, x: RunningExchange, counted: Counted | None = None) -> None:
+        """`x` starts; `counted`: its gauge child (a request; a mirror copy is not counted)."""
+        self._exchanges.add(x)
+        if counted is not None:
+            counted.inc()
+
+    def discard(self, x: RunningExchange, counted: Counted | None = None) -> None:
+        self._exchanges.discard(x)
+        if counted is not None:
+            counted.dec()
+
+    def mirror_tasks(self) -> list[asyncio.Task[Any]]:
+        """The `--mirror` copies running: no client waits for them, so a stop cancels them."""
+        return [x.task for x in self._exchanges if x.mirror and x.task is not None]
 
     def snapshot(self, want: str | None = None) -> list[InFlight]:
         """Every request in flight, oldest first; with `want`, only that one, with its gaps."""
         now, wall = self.clock(), self.wall_clock()
         out = []
-        for x in list(self._running):
+        for x in list(self._exchanges):
             try:
                 found = x.in_flight(now, wall, False)
                 if want is not None:
