@@ -19,14 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from argparse import ArgumentParser
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from proxy.cli import COMMANDS, unknown_variable_warnings
-from proxy.envnames import unknown_variables
+from proxy.cli import COMMANDS, Flags, settings_class, unknown_variable_warnings
 from proxy.server.banner import exposed, live_view_warning
 from proxy.server.listen import CannotListen, bind, refusal
 from proxy.telemetry.otlp_env import shown_endpoint, span_destination
@@ -266,7 +266,7 @@ def test_sim_and_demo_warn_too(command: str, variable: str, meant: str) -> None:
 
 
 def test_known_names_of_any_command_are_not_warned_about_and_strangers_get_no_guess() -> None:
-    serve = next(c for c in COMMANDS if c.name == "serve")
+    serve = Flags(settings_class(next(c for c in COMMANDS if c.name == "serve")), ArgumentParser("taotrace serve"))
     environ = {
         "TAOTRACE_SIM_PORT": "1", "TAOTRACE_API_KEY": "k", "TAOTOKEN_API_KEY": "k", "TAOTRACE_MODEL": "m",
         "taotrace_port": "1", "TAOTRACE_DEMO_ONCE": "1", "PATH": "/bin",
@@ -275,8 +275,10 @@ def test_known_names_of_any_command_are_not_warned_about_and_strangers_get_no_gu
     assert unknown_variable_warnings(serve, {**environ, "TAOTRACE_ZZZ": "1"}) == [
         "taotrace serve: warning: TAOTRACE_ZZZ is not a taotrace setting and is ignored"
     ]
-    found = unknown_variables(["taotrace_upstrem", "OTHER_UPSTREM"], ["TAOTRACE_UPSTREAM"])
-    assert [(u.name, u.closest) for u in found] == [("taotrace_upstrem", "TAOTRACE_UPSTREAM")]
+    assert unknown_variable_warnings(serve, {"taotrace_upstrem": "1", "OTHER_UPSTREM": "1"}) == [
+        "taotrace serve: warning: taotrace_upstrem is not a taotrace setting and is ignored; "
+        "did you mean TAOTRACE_UPSTREAM?"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -114,7 +114,7 @@ class Settings(BaseSettings):
         DEFAULT_UPSTREAM, description="base URL every request is forwarded to (every path no route claims)"
     )
     routes: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
+        [],
         description="[NAME:]/PREFIX=URL: requests under PREFIX go to URL, the prefix stripped; the longest prefix "
         "wins; NAME (default: the URL's host, or host:port when routes share a host) is the upstream label "
         "(repeatable; env: comma separated)",
@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     )
     max_connections: int = Field(0, ge=0, description="upstream connection cap (0 = unlimited)")
     model_allowlist: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="model label values kept as-is (comma separated); others become 'other'"
+        [], description="model label values kept as-is (comma separated); others become 'other'"
     )
     max_models: int = Field(100, ge=1, description="without an allow-list: distinct model labels before 'other'")
     capture_content: bool = Field(False, description="record prompt and completion text on spans (off: never recorded)")
@@ -205,7 +205,7 @@ class Settings(BaseSettings):
     )
 
     attribute_header: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
+        [],
         description="NAME=attr: copy request header NAME onto the span as attribute attr (repeatable; env: comma "
         "separated); values cut at 256 chars; headers that carry credentials are refused",
     )
@@ -220,7 +220,7 @@ class Settings(BaseSettings):
         "TAOTRACE_KEY_SALT, for ids that stay the same across restarts and replicas; unset: random at start, one for all workers)",
     )
     metric_label: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
+        [],
         description="attribution attributes (e.g. user.id, taotrace.key.id) to add as labels to the "
         "taotrace_attributed_* metrics (comma separated; none: those metrics are not exported)",
     )
@@ -250,7 +250,7 @@ class Settings(BaseSettings):
         4, ge=1, le=1000, description="with --mirror: copies running at once (beyond: dropped, counted)"
     )
     mirror_paths: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: list(DEFAULT_MIRROR_PATHS),
+        list(DEFAULT_MIRROR_PATHS),
         description="with --mirror: request paths ending with one of these are copied, nothing else",
     )
     mirror_key_env: str | None = Field(

@@ -56,10 +56,10 @@ class SimSettings(BaseSettings):
     )
     require_key: bool = Field(False, description="answer 401 to requests without an API key")
     api_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="keys accepted when --require-key is on (comma separated; empty = any)"
+        [], description="keys accepted when --require-key is on (comma separated; empty = any)"
     )
     bad_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["bad"], description="keys always answered with 401 (comma separated)"
+        ["bad"], description="keys always answered with 401 (comma separated)"
     )
     tokenizer: Literal["auto", "estimate", "tiktoken"] = Field(
         "auto", description="prompt token counts: tiktoken when installed and usable offline (auto), else the estimate"

@@ -63,7 +63,7 @@ class CompareSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TAOTRACE_", extra="ignore", populate_by_name=True)
 
     base_url: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
+        [],
         description="a target's OpenAI-style base URL; give it twice: target A, then target B",
         json_schema_extra={"allowed": "two base URLs"},
     )
@@ -71,7 +71,7 @@ class CompareSettings(BaseSettings):
     model_a: str | None = Field(None, min_length=1, description="model for target A (default: --model)")
     model_b: str | None = Field(None, min_length=1, description="model for target B (default: --model)")
     key_env: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
+        [],
         description="environment variable holding the API key: one for both targets, or two (A, then B); "
         "default $TAOTRACE_API_KEY, then $TAOTOKEN_API_KEY; never printed",
     )

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from proxy.cli import build_parser
+from proxy.cli import parse
 from proxy.serve import Settings, configure_logging, serve
 
 TICK = 0.005
@@ -60,9 +60,9 @@ def _gc_pauses(pauses: list[tuple[int, float]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser("serve").parse_args(["serve", *argv])
-    given = {k: v for k, v in vars(args).items() if v is not None and not k.startswith("_") and k != "command"}
-    settings = Settings(**given)
+    parsed = parse(["serve", *argv])
+    assert parsed is not None and isinstance(parsed[1], Settings)
+    settings = parsed[1]
     configure_logging(settings.log_level)
     lags: list[tuple[float, float]] = []
     rss: list[tuple[float, int]] = []
