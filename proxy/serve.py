@@ -15,22 +15,21 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from proxy.accounting.config import Accounting, accounting_from
-from proxy.config.envproxy import forward_proxy_for
-from proxy.config.routes import Route, default_route_conflict, routes_for
+from proxy.config.config import Config, load
 from proxy.config.settings import Settings
 from proxy.dialects import DIALECTS, Dialects
 from proxy.exchange.mirror import describe
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.running import Running as InFlightRequests
 from proxy.logs.origin import without_credentials
 from proxy.reporting.reporting import Reporting
-from proxy.server.app import ServerState, mirror_policy
+from proxy.server.app import mirror_policy
 from proxy.server.banner import live_view_warning, startup_line
 from proxy.server.hints import endpoint_suffix
 from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
@@ -55,7 +54,7 @@ class Running:
     proxy_url: str
     metrics_url: str
     registry: CollectorRegistry
-    state: ServerState
+    requests: InFlightRequests  # this process's requests in flight (and whether it drains)
     metrics: Metrics
     live: LiveView | None = None  # the live view, unless --no-ui
     metrics_addresses: tuple[str, ...] = ()  # what the metrics port is bound to (is the live view exposed?)
@@ -63,51 +62,48 @@ class Running:
 
 @asynccontextmanager
 async def running(
-    settings: Settings,
+    settings: Settings | Config,
     *,
     on_record: Callable[[RequestRecord], None] | None = None,
     tracing: Tracing | None = None,
     registry: CollectorRegistry | None = None,
     meter_provider: MetricPipeline | None = None,
     stop_now: asyncio.Event | None = None,
-    accounting: Accounting | None = None,
     dialects: Dialects = DIALECTS,
 ) -> AsyncIterator[Running]:
     """The proxy in this process: both ports (port 0 allowed); drain and stop on exit.
 
+    `settings`: as given, or the configuration already loaded from them (`proxy.config.config`).
     `meter_provider`: where the OTLP GenAI metrics go; by default one built from `OTEL_*`
     (none unless `OTEL_METRICS_EXPORTER` asks for it). A provider passed in is not shut down.
     `stop_now`: once set (a second signal), the drain cuts what is in flight at once.
-    `accounting`: the one built when the settings were checked (by default, built here).
     `dialects`: the APIs the proxy reads (`proxy/dialects/`); every other path is `other`."""
+    config = settings if isinstance(settings, Config) else load(settings)
+    s = config.settings
     # Every port first: one that cannot be had stops the start here, before exporters, threads
     # or a drain exist.
-    proxy_socks = bind(settings.host, settings.port, port_flag="--port", host_flag="--host", backlog=2048)
+    proxy_socks = bind(s.host, s.port, port_flag="--port", host_flag="--host", backlog=2048)
     metrics_socks: list[socket.socket] = []
     try:
-        metrics_socks = bind(
-            settings.metrics_host, settings.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host"
-        )
-        accounting = accounting_from(settings) if accounting is None else accounting
+        metrics_socks = bind(s.metrics_host, s.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host")
         reporting = Reporting(
-            settings, accounting, on_record=on_record, registry=registry, tracing=tracing,
-            meter_provider=meter_provider,
-        )  # fmt: skip
-        state = ServerState()
+            config, on_record=on_record, registry=registry, tracing=tracing, meter_provider=meter_provider
+        )
+        requests = InFlightRequests()
         try:
             await reporting.start(
                 metrics_socks,
-                readiness=lambda: "draining" if state.draining else "ready",
-                in_flight=lambda: len(state.in_flight),
-                active=state.requests.ask,
+                readiness=lambda: "draining" if requests.draining else "ready",
+                in_flight=lambda: len(requests.tasks),
+                active=requests.ask,
             )
             async with serving(
-                settings, proxy_socks, state, telemetry=reporting.telemetry, recorder=reporting.metrics,
-                observers=reporting.observers, accounting=accounting, stop_now=stop_now, dialects=dialects,
+                config, proxy_socks, requests, telemetry=reporting.telemetry, recorder=reporting.metrics,
+                observers=reporting.observers, stop_now=stop_now, dialects=dialects,
                 mirror_dropped=lambda reason: reporting.metrics.compare.dropped.labels(reason).inc(),
             ) as proxy_url:  # fmt: skip
                 yield Running(
-                    proxy_url, reporting.metrics_url, reporting.registry, state, reporting.metrics, reporting.live,
+                    proxy_url, reporting.metrics_url, reporting.registry, requests, reporting.metrics, reporting.live,
                     reporting.metrics_addresses,
                 )  # fmt: skip
         finally:
@@ -117,23 +113,19 @@ async def running(
             sock.close()
 
 
-def _root_route(settings: Settings) -> Route:
-    """The route of `/`: where a request no other route claims goes."""
-    return next(r for r in routes_for(settings.upstream, settings.routes) if r.prefix == "")
-
-
-async def serve(settings: Settings, accounting: Accounting | None = None) -> None:
+async def serve(config: Config) -> None:
     """The proxy in this process, until SIGTERM or SIGINT."""
+    settings = config.settings
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)  # see lifecycle.py
     shutdown = Shutdown().install()
-    async with running(settings, stop_now=shutdown.now, accounting=accounting) as srv:
+    async with running(config, stop_now=shutdown.now) as srv:
         # Everything built at start (modules, apps, pools) leaves the collector's reach, so a full
         # garbage collection walks only what requests create. With the OTLP collector down (spans
         # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
         settle_heap()
-        announce(settings, srv.proxy_url, srv.metrics_url, srv.metrics_addresses, ui=srv.live is not None)
+        announce(config, srv.proxy_url, srv.metrics_url, srv.metrics_addresses, ui=srv.live is not None)
         await shutdown.wait()
-        n = len(srv.state.in_flight)
+        n = len(srv.requests.tasks)
         log.info(
             "draining: up to %gs for %d request%s in flight; a second Ctrl-C or SIGTERM cuts them now",
             settings.drain_seconds,
@@ -142,10 +134,11 @@ async def serve(settings: Settings, accounting: Accounting | None = None) -> Non
         )
 
 
-async def serve_group(settings: Settings, accounting: Accounting | None = None) -> None:
+async def serve_group(config: Config) -> None:
     """`--workers N` (or `--telemetry-process`): the group, until SIGTERM or SIGINT, then drained."""
+    settings = config.settings
     shutdown = Shutdown().install()
-    async with supervising(settings, shutdown=shutdown, accounting=accounting) as group:
+    async with supervising(config, shutdown=shutdown) as group:
         # As serve() does: the supervisor allocates a record's objects (and keeps the live view's
         # last ones) at every worker's rate; with Python's default thresholds young and middle
         # collections walking them cost ~26 µs of CPU per record (tests/bench/supervisor_records.py).
@@ -155,35 +148,32 @@ async def serve_group(settings: Settings, accounting: Accounting | None = None) 
             pids = " ".join(map(str, group.pids()))
             processes = f"({workers}, pids {pids}; spans, /metrics and the live view in pid {os.getpid()})"
             announce(
-                settings, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui,
+                config, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui,
                 processes=processes,
             )  # fmt: skip
         await shutdown.wait()
         log.info("draining %s: up to %gs; a second Ctrl-C or SIGTERM cuts them now", workers, settings.drain_seconds)
 
 
-def mirror_notice(settings: Settings, environ: Mapping[str, str]) -> str:
-    """What `--mirror` costs and who gets the copies ("" when off). Raises ValueError for a
-    mirror that cannot run as asked."""
-    policy = mirror_policy(settings, environ)
+def mirror_notice(config: Config) -> str:
+    """What `--mirror` costs and who gets the copies ("" when off)."""
+    policy = mirror_policy(config)
     if policy is None:
         return ""
-    if settings.mirror_key_env and not environ.get(settings.mirror_key_env):
-        raise ValueError(f"--mirror-key-env names {settings.mirror_key_env}, which is not set")
-    route = next(r for r in routes_for(settings.upstream, settings.routes) if r.name == policy.route)
+    route = config.route(policy.route)
+    settings = config.settings
     return describe(policy, str(route.url.with_user(None)).rstrip("/"), settings.mirror_key_env, settings.workers)
 
 
-def describe_routes(settings: Settings) -> str:
+def describe_routes(config: Config) -> str:
     """`/anthropic -> https://api.anthropic.com (anthropic), / -> ...`: where each prefix goes."""
     return ", ".join(
-        f"{r.shown_prefix} -> {r.url.with_user(None).with_password(None)} ({r.name})"
-        for r in routes_for(settings.upstream, settings.routes)
+        f"{r.shown_prefix} -> {r.url.with_user(None).with_password(None)} ({r.name})" for r in config.routes
     )
 
 
 def announce(
-    settings: Settings,
+    config: Config,
     proxy_url: str,
     metrics_url: str,
     metrics_addresses: Sequence[str],
@@ -192,6 +182,7 @@ def announce(
     processes: str = "",
 ) -> None:
     """The startup line (one process or a group's supervisor), after the live view's exposure warning."""
+    settings = config.settings
     token = settings.ui_token is not None
     warning = live_view_warning(
         metrics_url, metrics_addresses, ui=ui, token=token, capture_content=settings.capture_content
@@ -201,7 +192,7 @@ def announce(
     line = startup_line(
         proxy_url=proxy_url,
         # The route for every other path (--upstream, or --route /=URL); userinfo holds a password.
-        upstream=str(without_credentials(_root_route(settings).url)),
+        upstream=str(without_credentials(config.root.url)),
         metrics_url=metrics_url,
         ui=ui,
         ui_token=token,
@@ -210,40 +201,36 @@ def announce(
     )
     log.info("%s", line)
     if settings.routes:
-        log.info("routes: %s", describe_routes(settings))
+        log.info("routes: %s", describe_routes(config))
 
 
 def run(settings: Settings) -> int:
     """The `taotrace serve` command: one process, or a group (`--workers` > 1, `--telemetry-process`)."""
     configure_logging(settings.log_level)
     try:
-        # Built once for the whole start (one salt for taotrace.key.id in every process of a
-        # group); a bad --prices file or --metric-label stops here, with its reason.
-        accounting = accounting_from(settings)
-        conflict = default_route_conflict("upstream" in settings.model_fields_set, settings.routes)
-        if conflict is not None:
-            raise ValueError(conflict)
-        routes = routes_for(settings.upstream, settings.routes)
-        forwards = [(r, forward_proxy_for(r.url, os.environ)) for r in routes]  # a bad HTTPS_PROXY, by name
-        mirror = mirror_notice(settings, os.environ)
+        # Loaded once for the whole start (one salt for taotrace.key.id in every process of a
+        # group); a bad --prices file, --metric-label, route or HTTPS_PROXY stops here, with its reason.
+        config = load(settings)
     except ValueError as exc:  # never the proxy's credentials: the messages are built without them
         log.error("%s", exc)
         return 2
+    mirror = mirror_notice(config)
     if mirror:
         log.warning("%s", mirror)
+    routes = config.routes
     for route in routes:
         glued = endpoint_suffix(route.url)
         if glued is not None:
             log.warning("%s%s", "" if len(routes) == 1 else f"route {route.name}: ", glued)
-    for route, forward in forwards:
+    for route, forward in zip(routes, config.forward, strict=True):
         if forward is not None:
             where = "the upstream" if len(routes) == 1 else f"upstream {route.name}"
             log.info("%s is reached through the %s", where, forward.where)
     try:
         if settings.workers > 1 or settings.telemetry_process:
-            run_loop(serve_group(settings, accounting))
+            run_loop(serve_group(config))
         else:
-            run_loop(serve(settings, accounting))
+            run_loop(serve(config))
     except CannotListen as exc:  # one line naming the address and the flag to change
         log.error("%s", exc)
         return 2

@@ -46,6 +46,7 @@ def maximal_spans(info: Any) -> list[Any]:
     from proxy.telemetry.spans import Telemetry
     from proxy.telemetry.tracing import Tracing
     from proxy.upstream.tcpinfo import TcpStats
+    from tests.spanning import finish
 
     assert info.content is not None and info.end_user == "u"
     # Attribution at its bound (every header mapped, the key's id, the body's user), every rate limit.
@@ -89,5 +90,5 @@ def maximal_spans(info: Any) -> list[Any]:
     )
     route = Route("r", "/r", URL("http://up:8000/api"))
     span = telemetry.start(info, "POST", "/v1/chat/completions", "key=x", {}, 0.0, route)
-    telemetry.finish(span, record, output_text="[]", output_value="a")
+    finish(telemetry, span, record, output_text="[]", output_value="a")
     return list(exporter.get_finished_spans())

@@ -22,8 +22,9 @@ from proxy.accounting.attribution import (
     key_id,
     parse_header_attributes,
 )
-from proxy.accounting.config import accounting_from
 from proxy.cli import main
+from proxy.config.accounting import accounting_from
+from proxy.config.config import load
 from proxy.config.settings import Settings
 from proxy.exchange.record import RequestRecord
 from tests.conftest import ProxyFactory
@@ -230,9 +231,10 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
         ):  # fmt: skip
             await r.read()
 
-    accounting = accounting_from(settings)  # as `taotrace serve` builds it, once, when it checks the settings
+    config = load(settings)  # as `taotrace serve` loads it, once, when it checks the settings
+    accounting = config.accounting
     try:
-        async with supervising(settings, on_record=records.append, accounting=accounting) as group:
+        async with supervising(config, on_record=records.append) as group:
             tasks = [asyncio.ensure_future(one()) for _ in range(12)]
             deadline = time.monotonic() + 10
             while not all(

@@ -1,4 +1,4 @@
-"""`Finishing` (proxy/exchange/forward.py): requests' bookkeeping done one per turn of the event loop, so
+"""`Finishing` (proxy/exchange/finishing.py): requests' bookkeeping done one per turn of the event loop, so
 bytes readable on other connections are read between two requests' bookkeeping, on the loop the
 proxy runs on (uvloop) and on asyncio's own."""
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from proxy.exchange.forward import Finishing
+from proxy.exchange.finishing import Finishing
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,

@@ -410,11 +410,12 @@ def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
 @pytest.mark.parametrize("serving", [True, False])
 def test_only_a_serving_process_gives_the_gil_back_while_it_records(serving: bool) -> None:
     """As the span exporter: a group's supervisor records without stepping aside for its loop."""
+    from proxy.config.config import load
     from proxy.reporting.reporting import genai_metrics_for
 
     provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "console"})
     assert provider is not None
-    genai = genai_metrics_for(Settings(upstream="http://h:1"), provider, ModelLabels(), {}, serving=serving)
+    genai = genai_metrics_for(load(Settings(upstream="http://h:1"), {}), provider, ModelLabels(), {}, serving=serving)
     try:
         assert genai.yield_gil is serving
     finally:

@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from proxy.cli import main
+from proxy.config.config import load
 from proxy.config.settings import Settings
 from proxy.exchange.mirror import MirrorPolicy, describe, mirror_headers, worker_share
 from proxy.serve import mirror_notice
@@ -94,13 +95,16 @@ def test_headers_of_a_copy_carry_no_client_credential() -> None:
     assert list(mirror_headers(client[:1], None).items()) == []
 
 
-def test_refused_without_a_ratio_and_a_cap(capsys: pytest.CaptureFixture[str]) -> None:
+def test_refused_without_a_ratio_and_a_cap(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     assert main(["serve", "--mirror", "taotoken.net"]) == 2
     assert "--mirror-ratio" in capsys.readouterr().err
     assert main(["serve", "--mirror", "taotoken.net", "--mirror-ratio", "0.1"]) == 2
     assert "--mirror-max-per-minute" in capsys.readouterr().err
-    assert main(["serve", "--mirror", "nope", "--mirror-ratio", "0.1", "--mirror-max-per-minute", "5"]) == 2
-    assert "names no route; the routes: taotoken.net" in capsys.readouterr().err
+    with caplog.at_level(logging.ERROR, logger="taotrace"):  # found where the routes are loaded, at start
+        assert main(["serve", "--mirror", "nope", "--mirror-ratio", "0.1", "--mirror-max-per-minute", "5"]) == 2
+    assert [r.getMessage() for r in caplog.records] == ["--mirror 'nope' names no route; the routes: taotoken.net"]
     assert main(["serve", "--mirror-ratio", "0"]) == 2
 
 
@@ -109,18 +113,18 @@ def test_start_up_says_what_mirroring_costs(caplog: pytest.LogCaptureFixture) ->
         routes=["or:/or=https://openrouter.ai/api"], mirror="or", mirror_ratio=0.05, mirror_max_per_minute=10,
         mirror_key_env="OR_KEY",
     )  # fmt: skip
-    said = mirror_notice(settings, {"OR_KEY": "sk-or-secret"})
+    said = mirror_notice(load(settings, {"OR_KEY": "sk-or-secret"}))
     assert "5% of requests to /chat/completions, /responses, /messages" in said
     assert "upstream or (https://openrouter.ai/api) with the key in $OR_KEY" in said
     assert "Token spend doubles on that share, and or receives copies of those prompts" in said
     assert "sk-or-secret" not in said
     with pytest.raises(ValueError, match="OR_KEY, which is not set"):
-        mirror_notice(settings, {})
+        load(settings, {})
     group = mirror_notice(
-        settings.model_copy(update={"workers": 4, "mirror_max_per_minute": 10}), {"OR_KEY": "k"}
+        load(settings.model_copy(update={"workers": 4, "mirror_max_per_minute": 10}), {"OR_KEY": "k"})
     )  # each worker decides alone, on its share of the caps
     assert "(at most 10 a minute, 4 at once, shared by 4 workers: 3 or 2 a minute and 1 at once each)" in group
-    assert mirror_notice(Settings(), {}) == ""
+    assert mirror_notice(load(Settings(), {})) == ""
     with caplog.at_level(logging.WARNING, logger="taotrace"):
         assert main(["serve", "--mirror", "taotoken.net", "--mirror-ratio", "0.1", "--mirror-max-per-minute", "5",
                      "--mirror-key-env", "TAOTRACE_TEST_UNSET_KEY"]) == 2  # fmt: skip

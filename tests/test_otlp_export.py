@@ -13,6 +13,7 @@ from proxy.serve import running
 from proxy.telemetry.spans import Telemetry
 from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
+from tests.spanning import finish
 
 
 async def test_phase_spans_arrive_over_otlp_http(upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
@@ -58,7 +59,7 @@ def test_console_spans_are_printed_from_the_export_thread(capsys: pytest.Capture
     tracing = build_tracing({"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "60000"})
     assert isinstance(tracing.processor, BatchSpanProcessor)
     tel = Telemetry(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
-    tel.finish(tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
+    finish(tel, tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
     assert capsys.readouterr().out == ""  # queued, not printed on the caller's thread
     assert tracing.processor.shutdown(5.0)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

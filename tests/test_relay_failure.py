@@ -24,8 +24,11 @@ from prometheus_client import CollectorRegistry
 from yarl import URL
 
 from proxy.config.routes import Router, routes_for
-from proxy.exchange.forward import Forwarder, Upstream
+from proxy.exchange.handler import Forwarder, HandlerOptions, RoutePool
+from proxy.exchange.observers import Named, Observers
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.running import Running
+from proxy.logs.ratelimited import RateLimitedLog
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.spans import Telemetry
@@ -67,12 +70,19 @@ async def forwarding(upstream: FakeUpstream, clock: Callable[[], float]) -> Asyn
         provider, upstream_host=route.host, upstream_port=route.port, upstream_base=str(route.url).rstrip("/")
     )
     records: list[RequestRecord] = []
+    metrics = Metrics(CollectorRegistry())
+    observers = Observers(
+        [Named("spans", telemetry.end), Named("on_record", records.append)],
+        metrics.sink_errors,
+        RateLimitedLog(logging.getLogger("taotrace")),
+    )
     forwarder = Forwarder(
-        Router([(route, Upstream(route, pool))]),
+        Router([(route, RoutePool(route, pool))]),
+        HandlerOptions(max_body_bytes=1 << 20),
         telemetry,
-        Metrics(CollectorRegistry()),
-        max_body_bytes=1 << 20,
-        observers=[records.append],
+        observers,
+        Running(),
+        metrics.in_flight,
         clock=clock,
     )
     runner = web.ServerRunner(web.Server(forwarder.handle, handler_cancellation=True))

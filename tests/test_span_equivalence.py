@@ -44,6 +44,7 @@ from proxy.telemetry.spandata import Resource, SpanData
 from proxy.telemetry.spans import NOT_TRACED, Telemetry
 from proxy.telemetry.tracing import Tracing
 from tests.otel_versions import ENCODER_WRITES_SCOPE_FIELDS
+from tests.spanning import finish, phases
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -213,7 +214,7 @@ def run(tel: Telemetry, rec: RequestRecord, src: CIMultiDictProxy[str], query: s
     headers = CIMultiDict(src)
     span = tel.start(INFO, "POST", "/v1/chat/completions", query, src, T0)
     tel.inject(span, headers)
-    tel.finish(span, rec, "tok0 tok1")
+    finish(tel, span, rec, "tok0 tok1")
     return headers
 
 
@@ -252,7 +253,7 @@ def reference(
     if root.is_recording():
         root.set_attributes(root_attributes)  # a plug-in sampler's result replaced those given at start
         under = trace.set_span_in_context(root)
-        for name, begin, end, attrs, status in make(sampler)[1]._phases(rec, OFFSET):
+        for name, begin, end, attrs, status in phases(rec, OFFSET):
             child = tracer.start_span(name, context=under, kind=SpanKind.INTERNAL, start_time=begin)
             child.set_attributes(attrs)
             if status is not None:
@@ -484,7 +485,7 @@ def test_children_contract(in_memory: tuple[InMemorySpanExporter, Telemetry]) ->
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
     tel.inject(span, headers)
     assert tel.trace_id(span) == CLIENT_TRACE
-    tel.finish(span, rec)
+    finish(tel, span, rec)
     network, prefill, decode, root = exporter.get_finished_spans()
     assert [s.name for s in (network, prefill, decode, root)] == [
         "network",
@@ -531,7 +532,7 @@ def test_network_failure_marks_the_network_child(
 ) -> None:
     exporter, tel = in_memory
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
-    tel.finish(span, streamed(error_type="connect", sent=False))
+    finish(tel, span, streamed(error_type="connect", sent=False))
     network, root = exporter.get_finished_spans()
     assert (
         network.name == "network"
@@ -553,7 +554,7 @@ def test_sampled_off_injects_flags_00_and_exports_nothing() -> None:
     assert version == "00" and int(trace_id, 16) and int(span_id, 16)
     assert int(flags, 16) & 0x01 == 0  # not sampled (0x02 is W3C's random-trace-id flag)
     assert tel.trace_id(span) is None
-    tel.finish(span, streamed())
+    finish(tel, span, streamed())
     assert exporter.get_finished_spans() == ()
 
 
@@ -568,7 +569,7 @@ def test_unsampled_client_parent_is_respected(
     assert headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-") and int(headers["traceparent"][-2:], 16) & 0x01 == 0
     assert CLIENT_SPAN not in headers["traceparent"]
     assert tel.trace_id(span) is None
-    tel.finish(span, streamed())
+    finish(tel, span, streamed())
     assert exporter.get_finished_spans() == ()
 
 
@@ -580,7 +581,7 @@ def test_tracestate_is_continued_to_children_and_upstream(
     headers = CIMultiDict(src)
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
     tel.inject(span, headers)
-    tel.finish(span, streamed())
+    finish(tel, span, streamed())
     assert headers.getall("tracestate") == ["vendor=abc,other=1"]
     assert {s.context.trace_state.to_header() for s in exporter.get_finished_spans()} == {"vendor=abc,other=1"}
 
@@ -592,7 +593,7 @@ def test_a_request_not_traced_is_accepted(in_memory: tuple[InMemorySpanExporter,
     tel.inject(NOT_TRACED, headers)
     assert headers.getall("traceparent") == [f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"]  # untouched, as before
     assert tel.trace_id(NOT_TRACED) is None
-    tel.finish(NOT_TRACED, streamed())
+    finish(tel, NOT_TRACED, streamed())
     assert exporter.get_finished_spans() == ()
 
 
@@ -617,7 +618,7 @@ def test_other_propagators_keep_the_general_path(
         src = CIMultiDictProxy(CIMultiDict({"x-single": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}))
         span = tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)
         assert tel.trace_id(span) == CLIENT_TRACE
-        tel.finish(span, streamed())
+        finish(tel, span, streamed())
     finally:
         propagate.set_global_textmap(before)
     assert tel.trace_id(tel.start(INFO, "POST", "/v1/chat/completions", "", src, T0)) != CLIENT_TRACE

@@ -52,14 +52,13 @@ def shipped(
     span = worker.start(INFO, "POST", "/v1/chat/completions", query, src, T0)
     worker.inject(span, headers)
     rec = dataclasses.replace(rec, span=worker.span_start(span, rec.sampling, "tok0 tok1"))
-    worker.finish(span, rec, "tok0 tok1")
     frame = channel.encode(Records([rec], {}, 0, {}))  # as the channel carries it
     crossed = channel.decode_frame(frame)
     assert isinstance(crossed, Records)
     (rec,) = crossed.records
 
     exporter, supervisor = make(sampler, capture_content=True, parent=parent)
-    supervisor.replay(rec, resource)
+    supervisor.end(rec, resource)
     return exporter.get_finished_spans(), list(headers.items())
 
 
@@ -133,5 +132,5 @@ def test_replay_without_an_exporter_or_a_start_does_nothing() -> None:
     tel = Telemetry(
         Tracing(processor=SimpleSpanProcessor(collect)), upstream_host="h", upstream_port=1, upstream_base="http://h"
     )
-    tel.replay(rec)  # no span start in the record
+    tel.end(rec)  # no span start in the record
     assert collect.get_finished_spans() == ()

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.accounting.prices import Cost
 from proxy.accounting.ratelimits import RateLimit, RateLimits
 from proxy.config.settings import Settings
-from proxy.exchange.timing import SpanStart
+from proxy.exchange.record import SpanStart
 from proxy.server.listen import bind
 from proxy.upstream.tcpinfo import TcpStats
 from proxy.workers.channel import ChannelError, decode, decode_frame, encode, mismatch, receive, receive_hello

@@ -20,11 +20,14 @@ from typing import Generic, TypeVar
 
 from yarl import URL
 
-__all__ = ["Route", "Router", "default_route_conflict", "derived_names", "parse_route", "routes_for"]
+__all__ = [
+    "DEFAULT_UPSTREAM", "Route", "Router", "default_route_conflict", "derived_names", "parse_route", "routes_for", "upstream_url",
+]  # fmt: skip
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _SPEC = re.compile(r"^(?:([^:/=]+):)?(/[^=]*)=(.+)$")
 _PREFIX = re.compile(r"^(/[A-Za-z0-9._~!$&'()*+,;@%-]+)*$")  # segments of a path, no `?`, `#`, `=`, empty segment
+DEFAULT_UPSTREAM = "https://taotoken.net/api"
 EXAMPLE = "--route /anthropic=https://api.anthropic.com or --route claude:/anthropic=https://api.anthropic.com"
 
 
@@ -59,11 +62,17 @@ class Route:
         return self.prefix or "/"
 
 
-def _url(raw: str) -> URL:
-    # Imported here: settings imports this module to validate --route.
-    from proxy.config.settings import upstream_url
-
-    return upstream_url(raw)
+def upstream_url(raw: str) -> URL:
+    """The upstream base URL, validated: http(s), a host, no query string or fragment."""
+    try:
+        url = URL(raw)
+    except ValueError:
+        raise ValueError(f"not a URL: {raw!r} (expected e.g. {DEFAULT_UPSTREAM})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"upstream must be an http(s) URL with a host, e.g. {DEFAULT_UPSTREAM}")
+    if url.query_string or url.fragment:
+        raise ValueError("upstream must not carry a query string or fragment")
+    return url
 
 
 def _name_of(url: URL) -> str:
@@ -83,7 +92,7 @@ def _parse(spec: str) -> tuple[str | None, str, URL]:
     name, prefix, raw = m.group(1), m.group(2).rstrip("/"), m.group(3).strip()
     if not _PREFIX.match(prefix):
         raise ValueError(f"route prefix {m.group(2)[:60]!r} must be a path such as /anthropic (no ?, #, = or //)")
-    url = _url(raw)
+    url = upstream_url(raw)
     if name is not None:
         name = name.strip().lower()
         if not _NAME.match(name):
@@ -132,7 +141,7 @@ def routes_for(upstream: str, specs: Iterable[str]) -> tuple[Route, ...]:
     or two given one name."""
     parsed = [_parse(s) for s in specs]
     if not any(prefix == "" for _, prefix, _ in parsed):
-        parsed.append((None, "", _url(upstream)))
+        parsed.append((None, "", upstream_url(upstream)))
     by_prefix: set[str] = set()
     by_name: dict[str, str] = {}
     for name, prefix, _ in parsed:

@@ -12,25 +12,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from yarl import URL
 
-from proxy.exchange.headers import ForwardedFor
+from proxy.config.routes import DEFAULT_UPSTREAM, routes_for, upstream_url
 
-DEFAULT_UPSTREAM = "https://taotoken.net/api"
 DEFAULT_MIRROR_PATHS = ("/chat/completions", "/responses", "/messages")
-
-
-def upstream_url(raw: str) -> URL:
-    """The upstream base URL, validated: http(s), a host, no query string or fragment."""
-    try:
-        url = URL(raw)
-    except ValueError:
-        raise ValueError(f"not a URL: {raw!r} (expected e.g. {DEFAULT_UPSTREAM})") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"upstream must be an http(s) URL with a host, e.g. {DEFAULT_UPSTREAM}")
-    if url.query_string or url.fragment:
-        raise ValueError("upstream must not carry a query string or fragment")
-    return url
+# What a request sent upstream carries of the client's address (`proxy/exchange/headers.py`).
+ForwardedFor = Literal["append", "forwarded", "off"]
 
 
 def check_upstream(value: str) -> str:
@@ -297,18 +284,11 @@ class Settings(BaseSettings):
                 "--mirror doubles token spend on the requests it copies: give --mirror-ratio (e.g. 0.05) "
                 "and --mirror-max-per-minute (e.g. 10) too"
             )
-        from proxy.config.routes import routes_for
-
-        names = [r.name for r in routes_for(self.upstream, self.routes)]
-        if self.mirror.lower() not in names:
-            raise ValueError(f"--mirror {self.mirror[:40]!r} names no route; the routes: {', '.join(names)}")
-        return self
+        return self  # the route it names is checked with the routes (`proxy.config.config.load`)
 
     @field_validator("routes")
     @classmethod
     def _valid_routes(cls, value: list[str]) -> list[str]:
-        from proxy.config.routes import routes_for
-
         routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
         return value
 

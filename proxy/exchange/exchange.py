@@ -146,4 +146,3 @@ def server_timing(phase: PhaseClock) -> str:
         return ""
     proxy = phase.t_sent_overhead()
     return f"network;dur={(sent - phase.t0) * 1e3:.3f}, proxy;dur={proxy * 1e3:.3f}, upstream;dur={(headers - sent) * 1e3:.3f}"
-

@@ -62,4 +62,3 @@ class Finishing:
         queue = self._queue
         while queue:
             queue.popleft()()
-

@@ -291,7 +291,9 @@ class Forwarder:
         self.running.add(x)  # not a client's request: not in the in-flight gauge
         try:
             upstream = await self._send(x, to.pool, target, headers, body)
-            x.relay = relay_for(Discard(), False, self.clock, x.phase, x.dialect, upstream, self.options.capture_content)
+            x.relay = relay_for(
+                Discard(), False, self.clock, x.phase, x.dialect, upstream, self.options.capture_content
+            )
             await upstream.relay(x.relay, never_paused)
         except ProxyError as error:
             x.status, x.refused = error.status, error.error_type

@@ -9,9 +9,10 @@ hop appended to `Forwarded` (RFC 7239), or nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from multidict import CIMultiDict
+
+from proxy.config.settings import ForwardedFor
 
 __all__ = ["HOP_BY_HOP", "ForwardedFor", "request_headers", "response_headers"]
 
@@ -29,7 +30,6 @@ HOP_BY_HOP = frozenset(
     }
 )
 # What the proxy adds of the client's address: see the module docstring and docs/settings.md.
-ForwardedFor = Literal["append", "forwarded", "off"]
 # Never copied: aiohttp frames each side itself, and the upstream's Host is its own.
 _FRAMING = frozenset({"content-length", "host", "expect"})
 _DROP = HOP_BY_HOP | _FRAMING

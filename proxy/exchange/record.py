@@ -1,28 +1,30 @@
 """The record of one finished request: what happened to it, in plain frozen values, handed to
-every sink (metrics, spans, the live view, the access log, a worker's shipper).
+every observer (metrics, spans, the live view, the access log, a worker's shipper).
 
-Built once per request, when it ends (`proxy/exchange/forward.py`), from what its handler saw, its decided
-`Outcome`, and what telemetry answered when asked once (`Traced`: trace id, outcome sampling, and
-in ship mode the root span's start). Sinks only read it; `usage_of` is the one rule for which usage
-a record carries.
+Built once per request, when it ends (`bookkeeping.py`), from what its handler saw, its decided
+`Outcome`, and what the tracer answered when asked once (`Traced`: trace id, outcome sampling,
+the root span's start for the span observer). Observers only read it; `usage_of` is the one rule
+for which usage a record carries.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from proxy.dialects import StreamReader, Usage
 from proxy.errors import ErrorType
-from proxy.exchange.timing import RequestTiming, SpanStart
+from proxy.exchange.timing import RequestTiming
 from proxy.upstream.tcpinfo import TcpStats
 
 if TYPE_CHECKING:
     from proxy.accounting.prices import Cost
     from proxy.accounting.ratelimits import RateLimits
 
-__all__ = ["UNKNOWN_MODEL", "RequestRecord", "Traced", "UsageSource", "model_label", "usage_of"]
+__all__ = [
+    "UNKNOWN_MODEL", "RequestRecord", "SpanContextValues", "SpanStart", "Traced", "UsageSource", "model_label", "usage_of",
+]  # fmt: skip
 
 UsageSource = Literal["reported", "counted", "none"]
 # What a request that names no model (an `other` path, a body without one) is called wherever a
@@ -35,11 +37,35 @@ def model_label(model: str | None) -> str:
     return model or UNKNOWN_MODEL
 
 
+# A span context in plain values: trace id, span id, flags, remote, trace state
+SpanContextValues = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpanStart:
+    """The request's root span as it was started, in plain values: the span observer (in this
+    process, or in a group's supervisor) ends it with these ids and attributes."""
+
+    name: str
+    trace_id: int
+    span_id: int
+    trace_flags: int
+    trace_state: tuple[tuple[str, str], ...]
+    parent: SpanContextValues | None  # the client's: ids, flags, remote, state
+    start: int  # epoch ns
+    attributes: dict[str, Any]  # as set at start (request attributes, parameters, input if captured)
+    output: str | None = None  # the output text, only with --capture-content
+    output_value: str | None = None  # the answer's plain text (output.value), only with --capture-io-values
+    offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
+    links: tuple[SpanContextValues, ...] = ()  # `--parent link`: the caller's span
+
+
 @dataclass(frozen=True, slots=True)
 class Traced:
     """What telemetry says of a finished request, asked once: its trace id (None when it is not
     traced or outcome sampling dropped it), the sampling decision ("" none, why it is kept, or
-    "dropped"), and in ship mode the root span's start for the telemetry process."""
+    "dropped"), and the root span's start for the span observer (None when nothing is to be
+    exported: not sampled, dropped, or no exporter in reach)."""
 
     trace_id: str | None = None
     sampling: str = ""
@@ -85,7 +111,7 @@ class RequestRecord:
     rate_limits: RateLimits | None = field(default=None, kw_only=True)
     cost: Cost | None = field(default=None, kw_only=True)
     tcp: TcpStats | None = field(default=None, kw_only=True)  # the upstream connection's TCP_INFO (Linux)
-    span: SpanStart | None = field(default=None, kw_only=True)  # for the telemetry process to finish
+    span: SpanStart | None = field(default=None, kw_only=True)  # the root span's start, for the span observer
     upstream: str = field(default="", kw_only=True)  # the route's name ("" when no route matched)
     # --mirror: the id both records of a pair share, and whether this is the mirror's copy
     pair_id: str | None = field(default=None, kw_only=True)

@@ -228,7 +228,6 @@ class Relay:
                 pass
 
 
-
 def cut_client(request: web.BaseRequest) -> None:
     """End the client's connection without the final chunk: a cut stream must look cut."""
     transport = request.transport

@@ -58,8 +58,6 @@ class InFlight:
     gaps: tuple[float, ...] = ()  # inter-token gaps so far: only when one request is asked for
 
 
-
-
 class RunningExchange(Protocol):
     """What the registry holds: an exchange that can describe itself (`proxy.exchange.exchange`)."""
 

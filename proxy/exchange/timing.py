@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from proxy.workers.series import Binned
 
-__all__ = ["PhaseClock", "RequestTiming", "SpanContextValues", "SpanStart"]
+__all__ = ["PhaseClock", "RequestTiming"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,29 +51,6 @@ class RequestTiming:
     overhead_request: float | None = None
     relay: tuple[float, ...] | Binned = ()  # per upstream read: handed to us -> written to the client socket
     time_to_last_byte: float | None = None  # the last body bytes written to the client: where a cut stream broke
-
-
-# A span context in plain values: trace id, span id, flags, remote, trace state
-SpanContextValues = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpanStart:
-    """The request's root span as a serving process started it, in plain values: the telemetry
-    process (`--telemetry-process`, `--workers N`) finishes and exports it with these ids."""
-
-    name: str
-    trace_id: int
-    span_id: int
-    trace_flags: int
-    trace_state: tuple[tuple[str, str], ...]
-    parent: SpanContextValues | None  # the client's: ids, flags, remote, state
-    start: int  # epoch ns
-    attributes: dict[str, object]  # as set at start (request attributes, parameters, input if captured)
-    output: str | None = None  # the output text, only with --capture-content
-    output_value: str | None = None  # the answer's plain text (output.value), only with --capture-io-values
-    offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
-    links: tuple[SpanContextValues, ...] = ()  # `--parent link`: the caller's span
 
 
 class PhaseClock:

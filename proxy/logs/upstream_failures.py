@@ -27,9 +27,9 @@ from __future__ import annotations
 import errno
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 
-from proxy.config.envproxy import forward_proxy_for
+from proxy.config.envproxy import ForwardProxy
 from proxy.config.routes import Route
 from proxy.errors import BodyFailure, ProxyError, UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
 from proxy.logs.origin import origin
@@ -105,18 +105,18 @@ class UpstreamFailures:
     """Reports the upstreams' failures as rate-limited warnings; never raises.
 
     An upstream is named by its route's origin (`https://api.example.com:443`), with the forward
-    proxy it is reached through when `environ` names one (shown without credentials)."""
+    proxy it is reached through, if any (`forward_of`, shown without credentials)."""
 
-    def __init__(self, log: RateLimitedLog, environ: Mapping[str, str]) -> None:
+    def __init__(self, log: RateLimitedLog, forward_of: Callable[[Route], ForwardProxy | None]) -> None:
         self.log = log
-        self.environ = environ
+        self.forward_of = forward_of
         self._where: dict[str, str] = {}  # route name -> how it is named
 
     def where(self, route: Route) -> str:
         shown = self._where.get(route.name)
         if shown is None:
             shown = origin(route.url)
-            forward = forward_proxy_for(route.url, self.environ)
+            forward = self.forward_of(route)
             if forward is not None:
                 shown += f" (through the {forward.where})"
             self._where[route.name] = shown

@@ -1,8 +1,8 @@
 """The reporting side of a start, built once: one process's, or a group's supervisor's.
 
-    Reporting(settings, accounting)
+    Reporting(config)
       metrics      the `taotrace_*` families on their registry
-      telemetry    spans: started and finished here (one process) or replayed from workers' records
+      telemetry    spans: started here (one process) or in the workers, ended from each record here
       observers    fed every finished record: the caller's, the OTLP GenAI metrics, the live view
       start(...)   the metrics port: /metrics /healthz /readyz and the live view
       close(hurried)  the metrics port stops, queued GenAI metrics are recorded, spans and OTLP
@@ -25,12 +25,11 @@ from contextlib import AsyncExitStack
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from proxy.accounting.config import Accounting, label_name
-from proxy.config.routes import routes_for
-from proxy.config.settings import Settings, parse_thresholds
+from proxy.config.accounting import label_name
+from proxy.config.config import Config
+from proxy.exchange.observers import Named
 from proxy.exchange.record import RequestRecord
-from proxy.reporting.sinks import Named
-from proxy.server.app import create_metrics_app, upstream_url
+from proxy.server.app import create_metrics_app
 from proxy.server.listen import http_url
 from proxy.server.protocol import GuardedAppRunner
 from proxy.telemetry.collector_log import collector_warnings
@@ -56,8 +55,9 @@ TRACE_SHUTDOWN_SECONDS = 2.0
 HURRIED_SHUTDOWN_SECONDS = 0.5  # the same after a second signal: cut now means now
 
 
-def metrics_for(settings: Settings, accounting: Accounting, registry: CollectorRegistry | None) -> Metrics:
-    """The `taotrace_*` families these settings ask for."""
+def metrics_for(config: Config, registry: CollectorRegistry | None) -> Metrics:
+    """The `taotrace_*` families this configuration asks for."""
+    settings, accounting = config.settings, config.accounting
     return Metrics(
         registry,
         ModelLabels(frozenset(settings.model_allowlist), settings.max_models),
@@ -67,25 +67,24 @@ def metrics_for(settings: Settings, accounting: Accounting, registry: CollectorR
 
 
 def telemetry_for(
-    settings: Settings, tracing: Tracing, *, ship: bool = False, env: Mapping[str, str] | None = None
+    config: Config, tracing: Tracing, *, ship: bool = False, env: Mapping[str, str] | None = None
 ) -> Telemetry:
-    """The spans these settings ask for: started and finished in one process, started only
-    (`ship`: a worker), or, in a group's supervisor, finished from what workers ship (`replay`).
-    `env`: where `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the process environment)."""
-    upstream = upstream_url(settings.upstream)
-    slow_ttft, slow_duration = parse_thresholds(settings.keep_slower_than)
+    """The spans this configuration asks for: started in the serving process, ended where
+    `tracing` exports them (here, or from what a worker ships: `ship`). `env`: where
+    `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the process environment)."""
+    settings, root = config.settings, config.root
     return Telemetry(
         tracing,
-        upstream_host=upstream.host or "",
-        upstream_port=upstream.port or 0,
-        upstream_base=str(upstream).rstrip("/"),
+        upstream_host=root.host,
+        upstream_port=root.port,
+        upstream_base=root.base,
         capture_content=settings.capture_content,
         capture_io_values=settings.capture_io_values,
         sampling=OutcomeSampling(
             ratio=settings.sample_ratio,
             keep_errors=settings.keep_errors,
-            ttft_over=slow_ttft,
-            duration_over=slow_duration,
+            ttft_over=config.slow_ttft,
+            duration_over=config.slow_duration,
         ),
         ship=ship,
         parent=settings.parent,
@@ -94,7 +93,7 @@ def telemetry_for(
 
 
 def genai_metrics_for(
-    settings: Settings,
+    config: Config,
     meters: MetricPipeline,
     models: ModelLabels,
     env: Mapping[str, str] | None = None,
@@ -102,13 +101,13 @@ def genai_metrics_for(
 ) -> GenAIMetrics:
     """The OTLP GenAI metrics observer; `server.*` per route; the convention names
     `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for; `serving`: as `Reporting`'s."""
-    upstream = upstream_url(settings.upstream)
+    root = config.root
     return GenAIMetrics(
         meters,
-        server_address=upstream.host or "",
-        server_port=upstream.port or 0,
+        server_address=root.host,
+        server_port=root.port,
         models=models,
-        upstreams={r.name: (r.host, r.port) for r in routes_for(settings.upstream, settings.routes)},
+        upstreams={r.name: (r.host, r.port) for r in config.routes},
         conventions=Conventions.from_env(os.environ if env is None else env),
         yield_gil=serving,
     )
@@ -119,8 +118,7 @@ class Reporting:
 
     def __init__(
         self,
-        settings: Settings,
-        accounting: Accounting,
+        config: Config,
         *,
         on_record: Callable[[RequestRecord], None] | None = None,
         registry: CollectorRegistry | None = None,
@@ -133,22 +131,22 @@ class Reporting:
         built from `env`'s `OTEL_*` (OTLP metrics: none unless `OTEL_METRICS_EXPORTER` asks).
         `serving`: this process's loop relays streams, so the telemetry threads give it the GIL
         every few spans or requests; False in a group's supervisor, whose loop only takes records."""
-        self.settings = settings
+        settings = self.settings = config.settings
         self.registry = CollectorRegistry() if registry is None else registry
-        self.metrics = metrics_for(settings, accounting, self.registry)
+        self.metrics = metrics_for(config, self.registry)
         self._own_tracing = tracing is None
         self.tracing = (
             build_tracing(env, on_drop=self.metrics.span_dropped, serving=serving) if tracing is None else tracing
         )
         self._own_meters = meter_provider is None
         self.meters = build_meter_provider(env) if meter_provider is None else meter_provider
-        self.telemetry = telemetry_for(settings, self.tracing, env=env)
+        self.telemetry = telemetry_for(config, self.tracing, env=env)
         self._env = env
         # Named: a sink that fails is counted under its name in taotrace_sink_errors_total{sink}.
         observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]
         self.genai: GenAIMetrics | None = None
         if self.meters is not None:
-            self.genai = genai_metrics_for(settings, self.meters, self.metrics.models, env, serving)
+            self.genai = genai_metrics_for(config, self.meters, self.metrics.models, env, serving)
             observers.append(Named("genai_metrics", self.genai))
         self.live: LiveView | None = None
         if settings.ui:

@@ -13,99 +13,107 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import hdrs, web
 
-from proxy.accounting.config import Accounting
-from proxy.config.envproxy import forward_proxy_for
-from proxy.config.routes import Route, Router, routes_for
-from proxy.config.settings import Settings, upstream_url
+from proxy.config.config import Config
+from proxy.config.routes import Route, Router
+from proxy.config.settings import Settings
 from proxy.dialects import DIALECTS, Dialects
-from proxy.exchange.forward import Forwarder, Observer, Upstream
-from proxy.exchange.inflight import InFlightRequests
+from proxy.exchange.bookkeeping import Bookkeeper
+from proxy.exchange.handler import Forwarder, HandlerOptions, InFlightGauge, RoutePool
 from proxy.exchange.mirror import MirrorPolicy
+from proxy.exchange.observers import ErrorCounts, Named, Observers
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.running import Running
+from proxy.exchange.tracer import Tracer
 from proxy.logs.ratelimited import RateLimitedLog, flushing
 from proxy.logs.upstream_failures import UpstreamFailures
-from proxy.reporting.sinks import Named
 from proxy.server.hints import DoubledPrefix
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
-from proxy.telemetry.metrics import Recorder
-from proxy.telemetry.spans import Telemetry
 from proxy.ui import LiveView, add_ui_routes
 from proxy.upstream import UpstreamPool
 
-__all__ = ["DIRECT_KEY", "ServerState", "create_metrics_app", "create_proxy_app", "make_pool", "upstream_url"]
+__all__ = [
+    "DIRECT_KEY",
+    "ProxyMetrics",
+    "create_metrics_app",
+    "create_proxy_app",
+    "handler_options",
+    "make_pool",
+    "mirror_policy",
+]
 
 
-@dataclass
-class ServerState:
-    """Shared by both apps: whether a drain has begun (then /readyz says 503), and the proxy
-    handler tasks in flight (the drain waits for them, then cancels those left at its deadline)."""
+class ProxyMetrics(Protocol):
+    """What the proxy port counts itself (the rest comes from records): requests in flight, and
+    the observers' failures (`proxy.telemetry.metrics.Metrics`, or a worker's shipper)."""
 
-    draining: bool = False
-    in_flight: set[asyncio.Task[Any]] = field(default_factory=set)
-    requests: InFlightRequests = field(default_factory=InFlightRequests)  # what they are doing, for the live view
+    @property
+    def in_flight(self) -> InFlightGauge: ...
+
+    @property
+    def sink_errors(self) -> ErrorCounts: ...
 
 
-STATE_KEY = web.AppKey("state", ServerState)
-UPSTREAMS_KEY = web.AppKey("upstreams", tuple[Upstream, ...])
+UPSTREAMS_KEY = web.AppKey("upstreams", tuple[RoutePool, ...])
 # The proxy's handler of every request, for a runner that skips the router (`GuardedAppRunner`).
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 DIRECT_KEY: web.AppKey[Handler] = web.AppKey("direct")
 
 
-def make_pool(settings: Settings, environ: Mapping[str, str] = os.environ, *, url: str | None = None) -> UpstreamPool:
-    """The connections to one upstream (`url`, default `--upstream`), configured for long streams
-    and byte-exact forwarding; through the forward proxy `HTTPS_PROXY` / `HTTP_PROXY` name unless
-    `NO_PROXY` says otherwise (decided per upstream host)."""
-    upstream = upstream_url(settings.upstream if url is None else url)
+def make_pool(config: Config, route: Route) -> UpstreamPool:
+    """The connections to one route's upstream, configured for long streams and byte-exact
+    forwarding; through the forward proxy the environment names for it (`config.forward`)."""
+    s = config.settings
     return UpstreamPool(
-        upstream,
-        connect_timeout=settings.connect_timeout,
-        read_timeout=settings.read_timeout,
-        keepalive=settings.upstream_keepalive,
-        max_connections=settings.max_connections,  # 0: no hidden cap on concurrent streams
-        discard_bytes=settings.upstream_discard_bytes,
-        discard_seconds=settings.upstream_discard_seconds,
-        forward_proxy=forward_proxy_for(upstream, environ),
+        route.url,
+        connect_timeout=s.connect_timeout,
+        read_timeout=s.read_timeout,
+        keepalive=s.upstream_keepalive,
+        max_connections=s.max_connections,  # 0: no hidden cap on concurrent streams
+        discard_bytes=s.upstream_discard_bytes,
+        discard_seconds=s.upstream_discard_seconds,
+        forward_proxy=config.forward_proxy(route),
     )
 
 
-def mirror_policy(settings: Settings, environ: Mapping[str, str] = os.environ) -> MirrorPolicy | None:
-    """`--mirror`'s policy from the settings (None: off); the mirror's key read from the
-    variable `--mirror-key-env` names."""
-    if settings.mirror is None or settings.mirror_ratio is None or settings.mirror_max_per_minute is None:
+def mirror_policy(config: Config) -> MirrorPolicy | None:
+    """`--mirror`'s policy (None: off)."""
+    s = config.settings
+    if s.mirror is None or s.mirror_ratio is None or s.mirror_max_per_minute is None:
         return None
     return MirrorPolicy(
-        route=settings.mirror.lower(),
-        ratio=settings.mirror_ratio,
-        per_minute=settings.mirror_max_per_minute,
-        concurrency=settings.mirror_concurrency,
-        paths=tuple(settings.mirror_paths),
-        key=environ.get(settings.mirror_key_env) if settings.mirror_key_env else None,
+        route=s.mirror.lower(),
+        ratio=s.mirror_ratio,
+        per_minute=s.mirror_max_per_minute,
+        concurrency=s.mirror_concurrency,
+        paths=tuple(s.mirror_paths),
+        key=config.mirror_key,
         clock=time.monotonic,
     )
 
 
-def mirror_for(
-    settings: Settings, upstreams: Sequence[Upstream], environ: Mapping[str, str]
-) -> tuple[MirrorPolicy, Upstream] | None:
-    policy = mirror_policy(settings, environ)
-    if policy is None:
-        return None
-    return policy, next(u for u in upstreams if u.route.name == policy.route)
+def handler_options(settings: Settings) -> HandlerOptions:
+    """What the handler needs of the settings, read once."""
+    return HandlerOptions(
+        max_body_bytes=settings.max_body_bytes,
+        capture_content=settings.capture_content,
+        capture_io_values=settings.capture_io_values,
+        end_user=settings.attribute_body_user,
+        server_timing=settings.server_timing,
+        forwarded_for=settings.forwarded_for,
+    )
 
 
 def create_proxy_app(
-    settings: Settings,
-    telemetry: Telemetry,
-    metrics: Recorder,
-    state: ServerState,
-    observers: Sequence[Observer | Named[RequestRecord]] = (),
-    accounting: Accounting | None = None,
+    config: Config,
+    tracer: Tracer[Any],
+    observers: Sequence[Named[RequestRecord]],
+    running: Running,
+    metrics: ProxyMetrics,
+    *,
     mirror_dropped: Callable[[str], None] = lambda reason: None,
     environ: Mapping[str, str] = os.environ,
     dialects: Dialects = DIALECTS,
@@ -113,21 +121,21 @@ def create_proxy_app(
     """The proxy: one catch-all route; the port reserves no path of its own.
 
     Call it on the loop that will serve the app (the upstream pools are bound to it): one pool
-    per route (`--route`), the route for `/` being `--upstream` unless a route claims it. With
-    `--mirror`, copies go to that route's pool; `mirror_dropped(reason)` counts those a cap refused.
-    `dialects`: the APIs whose requests and answers are read (every other path is `other`)."""
-    routes = routes_for(settings.upstream, settings.routes)
+    per route. `observers`: every consumer of a finished request's record, each behind the one
+    guard (`Observers`: failures counted in `metrics.sink_errors`); `running`: this process's
+    requests in flight. With `--mirror`, copies go to that route's pool; `mirror_dropped(reason)`
+    counts those a cap refused. `dialects`: the APIs whose requests and answers are read."""
+    settings = config.settings
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"max_field_size": 16384})
-    app[STATE_KEY] = state
-    upstreams = app[UPSTREAMS_KEY] = tuple(Upstream(r, make_pool(settings, environ, url=str(r.url))) for r in routes)
+    upstreams = app[UPSTREAMS_KEY] = tuple(RoutePool(r, make_pool(config, r)) for r in config.routes)
 
     async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
-        copies = list(forwarder.mirrors)  # no client waits for them: cancelled, not drained
+        copies = running.mirror_tasks()  # no client waits for them: cancelled, not drained
         for task in copies:
             task.cancel()
         await asyncio.gather(*copies, return_exceptions=True)
-        forwarder.flush()  # records still queued (see `Finishing`), before the sinks flush at exit
+        forwarder.flush()  # records still queued (see `Finishing`), before the observers flush at exit
         await asyncio.gather(*(u.pool.close() for u in upstreams))
 
     warnings = RateLimitedLog(logging.getLogger("taotrace"))
@@ -136,43 +144,49 @@ def create_proxy_app(
         async with flushing(warnings):  # counts held back are logged as their interval ends
             yield
 
-    forwarder = Forwarder(
-        Router([(u.route, u) for u in upstreams]),
-        telemetry,
-        metrics,
-        max_body_bytes=settings.max_body_bytes,
+    # Each finished record to every observer in turn, each in its own guard; a failing one is
+    # counted and logged (rate-limited); "record" and "spans" guard building the record itself.
+    guarded = Observers(list(observers), metrics.sink_errors, warnings, more=("spans", "record"))
+    accounting = config.accounting
+    books = Bookkeeper(
+        guarded,
+        tracer,
+        running,
         capture_content=settings.capture_content,
         capture_io_values=settings.capture_io_values,
-        observers=observers,
-        is_draining=lambda: state.draining,
-        server_timing=settings.server_timing,
-        forwarded_for=settings.forwarded_for,
-        attributor=accounting.attributor if accounting is not None else None,
-        prices=accounting.prices if accounting is not None else None,
-        running=state.requests if settings.ui else None,  # without the view, not even a set add
-        failures=UpstreamFailures(warnings, environ),
-        warnings=warnings,
-        mirror=mirror_for(settings, upstreams, environ),
+        attributor=accounting.attributor,
+        prices=accounting.prices,
+    )
+    policy = mirror_policy(config)
+    forwarder = Forwarder(
+        Router([(u.route, u) for u in upstreams]),
+        handler_options(settings),
+        tracer,
+        guarded,
+        running,
+        metrics.in_flight,
+        bookkeeper=books,
+        failures=UpstreamFailures(warnings, config.forward_proxy),
+        mirror=None if policy is None else (policy, next(u for u in upstreams if u.route.name == policy.route)),
         mirror_dropped=mirror_dropped,
         dialects=dialects,
     )
     app.cleanup_ctx.append(pool_ctx)
     app.cleanup_ctx.append(warnings_ctx)
     forward = forwarder.handle
-    in_flight = state.in_flight
-    root: Route = next(r for r in routes if r.prefix == "")
-    doubled = DoubledPrefix(root.url, logging.getLogger("taotrace"))
+    tasks = running.tasks
+    doubled = DoubledPrefix(config.root.url, logging.getLogger("taotrace"))
 
     async def tracked(request: web.Request) -> web.StreamResponse:
         task = asyncio.current_task()
         assert task is not None
         if doubled.watching:  # the first requests only
             doubled.see(request.path, request.host)
-        in_flight.add(task)
+        tasks.add(task)
         try:
             return await forward(request)
         finally:
-            in_flight.discard(task)
+            tasks.discard(task)
 
     route = app.router.add_route("*", "/{tail:.*}", tracked)
 

@@ -1,7 +1,7 @@
 """The proxy port of one serving process (the proxy alone, or one worker of a group), on
 sockets already bound, and the drain that ends it.
 
-Drain: /readyz turns 503 (`ServerState.draining`) and the proxy's listening socket closes at once
+Drain: /readyz turns 503 (`Running.draining`) and the proxy's listening socket closes at once
 (new connections are refused); requests in flight get `drain_seconds` to finish; any still
 running are cancelled, which closes their client connections mid-body (cut, never cleanly
 truncated).
@@ -17,12 +17,12 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from proxy.accounting.config import Accounting
-from proxy.config.settings import Settings
+from proxy.config.config import Config
 from proxy.dialects import DIALECTS, Dialects
+from proxy.exchange.observers import Named
 from proxy.exchange.record import RequestRecord
-from proxy.reporting.sinks import Named
-from proxy.server.app import DIRECT_KEY, ServerState, create_proxy_app
+from proxy.exchange.running import Running
+from proxy.server.app import DIRECT_KEY, create_proxy_app
 from proxy.server.lifecycle import Drained, drain
 from proxy.server.listen import http_url
 from proxy.server.protocol import GuardedAppRunner
@@ -35,7 +35,7 @@ __all__ = ["serving"]
 log = logging.getLogger("taotrace")
 
 
-async def _drain(runner: web.AppRunner, state: ServerState, deadline: float, now: asyncio.Event | None) -> Drained:
+async def _drain(runner: web.AppRunner, running: Running, deadline: float, now: asyncio.Event | None) -> Drained:
     """Refuse new connections at once, let requests in flight run until the deadline (or until
     `now` is set: a second signal), then cancel the rest (their clients see the connection cut,
     never a clean end). aiohttp's own shutdown is not enough: it waits `shutdown_timeout`, then
@@ -45,19 +45,18 @@ async def _drain(runner: web.AppRunner, state: ServerState, deadline: float, now
         await site.stop()
     if runner.server is not None:
         runner.server.pre_shutdown()  # idle keep-alive connections: closed, so they bring no new requests
-    return await drain(state.in_flight, deadline, now)
+    return await drain(running.tasks, deadline, now)
 
 
 @asynccontextmanager
 async def serving(
-    settings: Settings,
+    config: Config,
     socks: Sequence[socket.socket],
-    state: ServerState,
+    running: Running,
     *,
     telemetry: Telemetry,
     recorder: Recorder,
     observers: Sequence[Named[RequestRecord]],
-    accounting: Accounting,
     stop_now: asyncio.Event | None = None,
     dialects: Dialects = DIALECTS,
     mirror_dropped: Callable[[str], None] = lambda reason: None,
@@ -65,16 +64,22 @@ async def serving(
 ) -> AsyncIterator[str]:
     """Forward on `socks` until the block ends, then drain; yields the proxy's URL.
 
-    `recorder` takes each finished request (`Metrics`, or a worker's shipper to its supervisor),
-    `observers` too (with --access-log, the access log is added here: each serving process logs
-    its own requests). `stop_now`: once set (a second signal), the drain cuts what runs at once.
-    `dialects`: the APIs whose requests and answers are read; `mirror_dropped(reason)` counts the
-    `--mirror` copies a cap refused (a worker's go to its supervisor with its records)."""
-    observers = list(observers)
+    Each finished request's record goes to the spans (when this process exports them), to
+    `recorder` (`Metrics`, or a worker's shipper to its supervisor), to `observers`, and with
+    --access-log to the access log (each serving process logs its own requests), in that order.
+    `stop_now`: once set (a second signal), the drain cuts what runs at once. `dialects`: the APIs
+    whose requests and answers are read; `mirror_dropped(reason)` counts the `--mirror` copies a
+    cap refused (a worker's go to its supervisor with its records)."""
+    settings = config.settings
+    consumers: list[Named[RequestRecord]] = []
+    if telemetry.exporting:  # else the spans are built where the records go (a group's supervisor), or nowhere
+        consumers.append(Named("spans", telemetry.end))
+    consumers.append(Named(recorder.sink_name, recorder.record))
+    consumers.extend(observers)
     if settings.access_log:
-        observers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))
+        consumers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))
     app = create_proxy_app(
-        settings, telemetry, recorder, state, observers, accounting, mirror_dropped=mirror_dropped, dialects=dialects
+        config, telemetry, consumers, running, recorder, mirror_dropped=mirror_dropped, dialects=dialects
     )
     runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
         app,
@@ -92,8 +97,8 @@ async def serving(
             await web.SockSite(runner, sock, backlog=2048).start()
         yield http_url(*runner.addresses[0][:2])
     finally:
-        state.draining = True
-        drained = await _drain(runner, state, settings.drain_seconds, stop_now)
+        running.draining = True
+        drained = await _drain(runner, running, settings.drain_seconds, stop_now)
         # `who`: a group's worker names itself, so its line is not read as the whole group's.
         log.info("drain done%s: %s", f" ({who})" if who else "", drained.describe(settings.drain_seconds))
         await runner.cleanup()

@@ -33,20 +33,19 @@ from opentelemetry.util.types import AnyValue
 from proxy import __version__
 from proxy.config.routes import Route
 from proxy.dialects import RequestInfo
-from proxy.exchange.record import RequestRecord, Traced
-from proxy.exchange.timing import RequestTiming, SpanContextValues, SpanStart
+from proxy.exchange.record import RequestRecord, SpanContextValues, SpanStart, Traced
+from proxy.exchange.timing import RequestTiming
 from proxy.telemetry import propagation
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData, SpanProcessor
 from proxy.telemetry.tracing import SpanLimits, Tracing
 
-__all__ = ["NOT_TRACED", "RootSpan", "Telemetry", "bounded"]
+__all__ = ["NOT_TRACED", "RootSpan", "Telemetry", "bounded", "network_attributes"]
 
 log = logging.getLogger("taotrace")
 
 # (name, start ns, end ns, attributes, error status) of a phase child.
-Phase = tuple[str, int, int, dict[str, AnyValue], Status | None]
 
 _RANDOM_TRACE_ID = 0x02  # W3C Trace Context level 2: the trace id's right 7 bytes are random
 _SAMPLED = TraceFlags.SAMPLED
@@ -217,6 +216,11 @@ class Telemetry:
         """Whether finished spans go anywhere from this process."""
         return self.tracing.processor is not None
 
+    @property
+    def untraced(self) -> RootSpan:
+        """The span of a request whose span could not be started: traced nowhere."""
+        return NOT_TRACED
+
     def _ns(self, t: float) -> int:
         return int(t * 1e9) + self._offset_ns
 
@@ -383,39 +387,14 @@ class Telemetry:
         output_value: str | None = None,
     ) -> Traced:
         """Everything a finished request's record needs from telemetry, asked once: its trace id
-        (None when not traced or dropped), the outcome sampling decision, and in ship mode the
-        root's start."""
+        (None when not traced or dropped), the outcome sampling decision, and the root's start for
+        the span observer (`end`), here or, shipped, in a group's supervisor."""
         sampling = self.decide(span, error_type, timing)
         return Traced(
             trace_id=None if sampling == "dropped" else self.trace_id(span),
             sampling=sampling,
-            span=self.span_start(span, sampling, output_text, output_value) if self.ship else None,
+            span=self.span_start(span, sampling, output_text, output_value),
         )
-
-    def finish(
-        self,
-        span: RootSpan,
-        rec: RequestRecord,
-        output_text: str | None = None,
-        offset: int | None = None,
-        resource: Resource | None = None,
-        *,
-        output_value: str | None = None,
-    ) -> None:
-        """Attributes from the record, then the three phase children and the root, to the processor.
-
-        `output_text`: `gen_ai.output.messages`, `output_value`: `output.value` (each None unless
-        captured); `offset`: epoch ns minus monotonic ns of the process that timed the request
-        (default: this one's); `resource`: the process that served it (default: this one's)."""
-        processor = self.tracing.processor
-        # Ship mode: the telemetry process finishes it from rec.span. Outcome sampling "dropped":
-        # nothing at all is made.
-        if processor is None or self.ship or not span.recording or rec.sampling == "dropped":
-            return
-        self._end(
-            processor, span.name, span.context, span.parent, span.start_time, span.links, span.attributes, rec,
-            output_text, output_value, self._offset_ns if offset is None else offset, resource or self.tracing.resource,
-        )  # fmt: skip
 
     def _end(
         self,
@@ -498,11 +477,7 @@ class Telemetry:
             attrs["error.type"] = rec.error_type
             status = Status(StatusCode.ERROR, rec.error_type)
         tracing = self.tracing
-        if tracing.sampler.follows:
-            self._followers(processor, context, rec, offset, resource)
-        else:
-            for child in self._children(context, self._phases(rec, offset), resource):
-                processor.on_end(child)
+        self._children(processor, context, rec, offset, resource)
         attributes, dropped = bounded(attrs, tracing.limits)  # within limits: the root's dict itself
         processor.on_end(
             SpanData(
@@ -511,92 +486,66 @@ class Telemetry:
             )
         )  # fmt: skip
 
-    def _followers(
+    def _children(
         self, processor: SpanProcessor, parent: SpanContext, rec: RequestRecord, offset: int, resource: Resource
     ) -> None:
-        """The phase children under a sampler that `follows` (the built-in ones): each sampled with
-        the root's trace state, made straight from the timing (what `_phases` and `_children` make
-        for any sampler, without the list of phases between them)."""
+        """The phase children, straight from the timing: `network`, then `prefill_wait` and
+        `decode` once a first token came."""
         t = rec.timing
-        new_span_id = self.tracing.ids.generate_span_id
-        trace_id, state = parent.trace_id, parent.trace_state
-        flags = _FLAGS[_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID)]
-        scope, limits = self.scope, self.tracing.limits
-        net_attrs = _network_attributes(t)
         sent = t.sent
-        status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
         start = int(t.start * 1e9) + offset
         end = int((t.end if sent is None else sent) * 1e9) + offset
-        attrs, dropped = bounded(net_attrs, limits)
-        processor.on_end(
-            SpanData(
-                "network", SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, start, end,
-                attrs, resource, scope, status, (), (), dropped,
-            )
-        )  # fmt: skip
+        status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
+        self._child(processor, parent, "network", start, end, network_attributes(t), status, resource)
         if sent is None or t.first_token is None:
             return
         first = int(t.first_token * 1e9) + offset
-        attrs, dropped = bounded({}, limits)
-        processor.on_end(
-            SpanData(
-                "prefill_wait", SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, end,
-                first, attrs, resource, scope, UNSET, (), (), dropped,
-            )
-        )  # fmt: skip
         last = int(t.last_token * 1e9) + offset if t.last_token is not None else first
-        attrs, dropped = bounded({"taotrace.token_events": t.token_events}, limits)
+        self._child(processor, parent, "prefill_wait", end, first, {}, UNSET, resource)
+        self._child(
+            processor, parent, "decode", first, last, {"taotrace.token_events": t.token_events}, UNSET, resource
+        )
+
+    def _child(
+        self,
+        processor: SpanProcessor,
+        parent: SpanContext,
+        name: str,
+        start: int,
+        end: int,
+        attrs: dict[str, AnyValue],
+        status: Status,
+        resource: Resource,
+    ) -> None:
+        """One phase child of a sampled root. A sampler that `follows` (the built-in ones) samples
+        it with the root's trace state; another is asked, as for any child span."""
+        tracing = self.tracing
+        sampler, new_span_id = tracing.sampler, tracing.ids.generate_span_id
+        state = parent.trace_state
+        if not sampler.follows:
+            result = sampler.should_sample(parent, parent.trace_id, name, SpanKind.INTERNAL, None, (), None)
+            if not result.sampled:
+                new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
+                return
+            if result.trace_state is not None:
+                state = result.trace_state
+            if result.attributes:
+                attrs = {**attrs, **result.attributes}
+        flags = _FLAGS[_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID)]
+        attrs, dropped = bounded(attrs, tracing.limits)
         processor.on_end(
             SpanData(
-                "decode", SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, first, last,
-                attrs, resource, scope, UNSET, (), (), dropped,
+                name, SpanContext(parent.trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, start, end,
+                attrs, resource, self.scope, status, (), (), dropped,
             )
         )  # fmt: skip
-
-    def _children(self, parent: SpanContext, phases: list[Phase], resource: Resource) -> list[SpanData]:
-        """The phase children of a sampled root. A sampler that `follows` samples each (the
-        built-in ones); another is asked for each, as it would be for any child span."""
-        sampler = self.tracing.sampler
-        new_span_id = self.tracing.ids.generate_span_id
-        trace_id = parent.trace_id
-        flags = TraceFlags(_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID))
-        scope, limits = self.scope, self.tracing.limits
-        children = []
-        for name, start, end, attrs, status in phases:
-            state = parent.trace_state
-            if not sampler.follows:
-                result = sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, None, (), None)
-                if not result.sampled:
-                    new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
-                    continue
-                if result.trace_state is not None:
-                    state = result.trace_state
-                if result.attributes:
-                    attrs = {**attrs, **result.attributes}
-            attrs, dropped = bounded(attrs, limits)
-            children.append(
-                SpanData(
-                    name,
-                    SpanContext(trace_id, new_span_id(), False, flags, state),
-                    parent,
-                    SpanKind.INTERNAL,
-                    start,
-                    end,
-                    attrs,
-                    resource,
-                    scope,
-                    UNSET if status is None else status,
-                    dropped_attributes=dropped,
-                )
-            )
-        return children
 
     def span_start(
         self, span: RootSpan, sampling: str, output_text: str | None, output_value: str | None = None
     ) -> SpanStart | None:
-        """In ship mode, the root's start for the telemetry process; None when nothing is to be
-        exported (not shipping, not sampled, or dropped by outcome sampling)."""
-        if not self.ship or sampling == "dropped" or not span.recording:
+        """The root's start, for the span observer; None when nothing is to be exported (no
+        exporter here nor a process to ship to, not sampled, or dropped by outcome sampling)."""
+        if sampling == "dropped" or not span.recording or not (self.ship or self.tracing.processor is not None):
             return None
         ctx = span.context
         if not ctx.trace_flags.sampled:
@@ -609,17 +558,18 @@ class Telemetry:
             trace_state=tuple(ctx.trace_state.items()),
             parent=None if span.parent is None else _values(span.parent),
             start=span.start_time,
-            attributes=dict(span.attributes),
+            attributes=span.attributes,  # the root's own dict: the request is over, nothing else writes it
             output=output_text if self.capture_content else None,
             output_value=output_value if self.capture_io_values else None,
             offset=self._offset_ns,
             links=tuple(_values(link.context) for link in span.links),
         )
 
-    def replay(self, rec: RequestRecord, resource: Resource | None = None) -> None:
-        """The telemetry process's side of ship mode: the root as the serving process started it
-        (same ids, start and attributes), ended as `finish` ends it in one process; `resource`: the
-        serving process's own (its `service.instance.id`)."""
+    def end(self, rec: RequestRecord, resource: Resource | None = None) -> None:
+        """The span observer: the root as it was started (same ids, start and attributes, from
+        `rec.span`), its attributes from the record, its phase children, to the processor.
+        `resource`: the process that served it (default this one's; a group's supervisor passes
+        the worker's, with its `service.instance.id`)."""
         seed = rec.span
         processor = self.tracing.processor
         if seed is None or processor is None or rec.sampling == "dropped":
@@ -630,32 +580,14 @@ class Telemetry:
         context = SpanContext(seed.trace_id, seed.span_id, False, _FLAGS[seed.trace_flags & 0xFF], state)
         parent = None if seed.parent is None else _context(seed.parent)
         links = tuple(Link(_context(link)) for link in seed.links) if seed.links else ()
-        attributes: dict[str, AnyValue] = dict(seed.attributes)  # type: ignore[arg-type]
+        attributes: dict[str, AnyValue] = seed.attributes  # the span's own now
         self._end(
             processor, seed.name, context, parent, seed.start, links, attributes, rec, seed.output,
             seed.output_value, seed.offset, resource or self.tracing.resource,
         )  # fmt: skip
 
-    def _phases(self, rec: RequestRecord, offset: int) -> list[Phase]:
-        """(name, start ns, end ns, attributes, error status) of each phase child."""
-        t = rec.timing
 
-        def ns(t: float) -> int:
-            return int(t * 1e9) + offset
-
-        net_attrs = _network_attributes(t)
-        status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and t.sent is None else None
-        start = ns(t.start)
-        phases = [("network", start, ns(t.sent) if t.sent is not None else ns(t.end), net_attrs, status)]
-        if t.sent is not None and t.first_token is not None:
-            sent, first = ns(t.sent), ns(t.first_token)
-            phases.append(("prefill_wait", sent, first, {}, None))
-            last = ns(t.last_token) if t.last_token is not None else first
-            phases.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None))
-        return phases
-
-
-def _network_attributes(t: RequestTiming) -> dict[str, AnyValue]:
+def network_attributes(t: RequestTiming) -> dict[str, AnyValue]:
     """The `network` span's connection steps, each only when it was measured."""
     attrs: dict[str, AnyValue] = {}
     if t.connection_reused is not None:

@@ -189,8 +189,8 @@ def load_target(settings: ClientSettings) -> Target:
 def route_base_url(name: str, environ: Mapping[str, str]) -> str:
     """The OpenAI-style base URL of the proxy's route `name`: its upstream URL + /v1. The routes
     come from `TAOTRACE_ROUTES` and `TAOTRACE_UPSTREAM`, as `taotrace serve` reads them."""
-    from proxy.config.routes import routes_for
-    from proxy.config.settings import DEFAULT_UPSTREAM, split_csv
+    from proxy.config.routes import DEFAULT_UPSTREAM, routes_for
+    from proxy.config.settings import split_csv
 
     specs = split_csv(environ.get("TAOTRACE_ROUTES", ""))
     assert isinstance(specs, list)

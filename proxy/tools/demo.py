@@ -27,7 +27,8 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from proxy.config.envproxy import forward_proxy_for
-from proxy.config.settings import DEFAULT_UPSTREAM, Settings, check_upstream, upstream_url
+from proxy.config.routes import DEFAULT_UPSTREAM, upstream_url
+from proxy.config.settings import Settings, check_upstream
 from proxy.exchange.record import RequestRecord
 from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running

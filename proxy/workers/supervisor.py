@@ -15,7 +15,7 @@ gauges as the sum of each worker's last count) and renders.
 Serving loops never build or encode spans either: a worker starts each request's root span
 (ids, sampling, `traceparent` upstream) and ships its start in the record (`RequestRecord.span`);
 the supervisor finishes it with the same ids, adds the phase children and exports them, under a
-resource with that worker's `service.instance.id` (`Telemetry.replay`). The OTLP GenAI metrics
+resource with that worker's `service.instance.id` (`Telemetry.end`). The OTLP GenAI metrics
 are recorded and exported here too, once for the group. So the GIL a serving loop shares is
 never held by span building, OTLP encoding or metric export (`--telemetry-process` runs one
 worker this way).
@@ -54,14 +54,14 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from proxy.accounting.config import Accounting, accounting_from
+from proxy.config.config import Config, load
 from proxy.config.settings import Settings
-from proxy.exchange.inflight import InFlight
 from proxy.exchange.mirror import worker_share
+from proxy.exchange.observers import Named, Observers
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.running import InFlight
 from proxy.logs.ratelimited import RateLimitedLog
 from proxy.reporting.reporting import Reporting
-from proxy.reporting.sinks import Named, Sinks
 from proxy.server.lifecycle import Shutdown
 from proxy.server.listen import bind, http_url
 from proxy.telemetry.metric_pipeline import MetricPipeline
@@ -78,9 +78,7 @@ from proxy.workers.messages import (
     Start,
     ToSupervisor,
     ToWorker,
-    record_form,
 )
-from proxy.workers.plain import copy_with
 
 __all__ = ["CHANNEL_BOUND", "Group", "instance_id", "supervising"]
 
@@ -168,12 +166,12 @@ class _Supervisor:
         self.channel_bound = channel_bound
         self.group = group
         self.telemetry = telemetry
-        # The group's records fan out as one process's do (`proxy/reporting/sinks.py`): the metrics, then
-        # each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}. The
+        # The group's records fan out as one process's do (`proxy/exchange/observers.py`): the spans,
+        # the metrics, then each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}. The
         # workers' own sinks are counted here from their Records: at 0 from the start too, as in
         # one process (an alert on a series that does not exist yet never fires).
         in_workers = ("record", "workers_ship", *(("access_log",) if settings.access_log else ()))
-        self.sinks: Sinks[RequestRecord] = Sinks(
+        self.sinks: Observers[RequestRecord] = Observers(
             [Named("metrics", group.metrics.record), *observers],
             group.metrics.sink_errors,
             RateLimitedLog(log),
@@ -198,7 +196,7 @@ class _Supervisor:
             raise ChannelError(f"a {type(message).__name__} from a worker")
 
     def _records(self, worker: _Worker, message: Records) -> None:
-        metrics, replay, sinks = self.group.metrics, self.telemetry.replay, self.sinks
+        metrics, end, sinks = self.group.metrics, self.telemetry.end, self.sinks
         if message.dropped > worker.dropped:
             metrics.records_dropped.labels().inc(message.dropped - worker.dropped)
             worker.dropped = message.dropped
@@ -214,13 +212,11 @@ class _Supervisor:
                 metrics.compare.dropped.labels(reason).inc(n - counted)
                 worker.mirror_dropped[reason] = n
         for rec in message.records:
-            if rec.span is not None:
+            if rec.span is not None:  # the spans observer, with the worker's own resource
                 try:
-                    replay(rec, worker.resource)
+                    end(rec, worker.resource)
                 except Exception as exc:  # noqa: BLE001 - telemetry never stops the group's metrics
                     self.sinks.failed("spans", exc)
-                # Observers (the live view's ring) get what they get in one process.
-                rec = copy_with(record_form, rec, span=None)
             sinks(rec)
         if message.in_flight != worker.in_flight:
             worker.in_flight = message.in_flight
@@ -353,7 +349,7 @@ class _Supervisor:
 
 @contextlib.asynccontextmanager
 async def supervising(
-    settings: Settings,
+    settings: Settings | Config,
     *,
     on_record: Callable[[RequestRecord], None] | None = None,
     registry: CollectorRegistry | None = None,
@@ -362,22 +358,23 @@ async def supervising(
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
     meter_provider: MetricPipeline | None = None,
     tracing: Tracing | None = None,
-    accounting: Accounting | None = None,
     channel_bound: int = CHANNEL_BOUND,
     shutdown: Shutdown | None = None,
 ) -> AsyncIterator[Group]:
     """Start `settings.workers` workers and the group's metrics port; drain them all on exit.
+    `settings`: as given, or the configuration already loaded from them (`proxy.config.config`).
 
     Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
     `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it.
     `tracing` / `meter_provider`: where the group's spans and OTLP metrics go (by
-    default, built from `env`'s `OTEL_*`); one passed in is not shut down. `accounting`: the one
-    built when the settings were checked (by default, built here); its key salt is the group's.
+    default, built from `env`'s `OTEL_*`); one passed in is not shut down.
     `channel_bound`: bytes of messages each worker holds for this supervisor before it drops records.
     `shutdown`: the signals, heard from the start: a first one ends the wait for the workers
     (a worker that never gets ready must not make Ctrl-C wait for `ready_timeout`), a second
     cuts the drain at once."""
     env = os.environ if env is None else env
+    config = settings if isinstance(settings, Config) else load(settings, env)
+    settings = config.settings
     # Both ports before anything else, as uvicorn's parent binds before its workers start: one
     # that cannot be had is one line and an exit, with no worker started and none to wait for.
     reserved = bind(  # the proxy port, bound without listening: resolves port 0, held across restarts
@@ -389,15 +386,14 @@ async def supervising(
         metrics_socks = bind(
             settings.metrics_host, settings.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host"
         )
-        accounting = accounting_from(settings) if accounting is None else accounting
         reporting = Reporting(
-            settings, accounting, on_record=on_record, registry=registry, tracing=tracing,
+            config, on_record=on_record, registry=registry, tracing=tracing,
             meter_provider=meter_provider, env=env, serving=False,  # this loop only takes records
         )  # fmt: skip
         host, port = reserved[0].getsockname()[:2]
         group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.telemetry, env))
         # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
-        worker_settings = settings.model_copy(update={"port": port, "key_salt": accounting.key_salt})
+        worker_settings = settings.model_copy(update={"port": port, "key_salt": config.accounting.key_salt})
         supervisor = _Supervisor(
             worker_settings, group, reporting.observers, env, worker_command, reporting.telemetry, channel_bound
         )

@@ -23,12 +23,11 @@ import socket
 import sys
 from contextlib import suppress
 
-from proxy.accounting.config import accounting_from
+from proxy.config.config import load
 from proxy.config.settings import Settings
-from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.running import Running
 from proxy.reporting.reporting import telemetry_for
-from proxy.server.app import ServerState
 from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
 from proxy.server.listen import bind
 from proxy.server.serving import serving
@@ -138,7 +137,7 @@ class Shipper:
 
 
 async def _answer(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: InFlightRequests, shipper: Shipper
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: Running, shipper: Shipper
 ) -> None:
     """Answer the supervisor's questions until it goes away: what is in flight (the live view)."""
     while (message := await receive(reader)) is not None:
@@ -162,21 +161,19 @@ async def _serve(sock: socket.socket) -> None:
     shutdown = Shutdown().install()  # first signal: drain; second: cut (as one process)
     gauge = asyncio.ensure_future(shipper.keep_gauge_fresh())
     try:
-        accounting = accounting_from(settings)  # the group's salt is in the settings
+        config = load(settings)  # the group's key salt is in the settings
         # Spans are started here (ids, sampling, traceparent) and finished by the supervisor, or not at all.
-        telemetry = telemetry_for(settings, build_tracing(export=False), ship=start.ship_spans)
-        state = ServerState()
+        telemetry = telemetry_for(config, build_tracing(export=False), ship=start.ship_spans)
+        requests = Running()
         async with serving(
-            settings, socks, state, telemetry=telemetry, recorder=shipper, observers=(), accounting=accounting,
+            config, socks, requests, telemetry=telemetry, recorder=shipper, observers=(),
             stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,
             who=f"worker {start.index}, pid {os.getpid()}",
         ) as url:  # fmt: skip
             settle_heap()  # as serve(): start-up objects frozen, young collections rarer
             writer.write(encode(Ready()))
             log.debug("worker %d (pid %d) serving on %s", start.index, os.getpid(), url)
-            orphaned = asyncio.ensure_future(
-                _answer(reader, writer, state.requests, shipper)
-            )  # ends with the supervisor
+            orphaned = asyncio.ensure_future(_answer(reader, writer, requests, shipper))  # ends with the supervisor
             stopped = asyncio.ensure_future(shutdown.wait())
             await asyncio.wait((orphaned, stopped), return_when=asyncio.FIRST_COMPLETED)
             if orphaned.done():

@@ -15,6 +15,7 @@ import sys
 import time
 
 from proxy.cli import parse
+from proxy.config.config import load
 from proxy.serve import Settings, configure_logging, serve
 
 TICK = 0.005
@@ -41,7 +42,7 @@ async def _sample(lags: list[tuple[float, float]], rss: list[tuple[float, int]])
 async def _main(settings: Settings, lags: list[tuple[float, float]], rss: list[tuple[float, int]]) -> None:
     sampler = asyncio.create_task(_sample(lags, rss))
     try:
-        await serve(settings)
+        await serve(load(settings))
     finally:
         sampler.cancel()
 

@@ -297,7 +297,7 @@ def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEvent
     """One `--spans` setting of `_micro`: the worker's encode, the supervisor's receive and apply."""
     from prometheus_client import CollectorRegistry
 
-    from proxy.accounting.config import accounting_from
+    from proxy.config.accounting import accounting_from
     from proxy.config.settings import Settings
     from proxy.reporting.reporting import Reporting
     from proxy.telemetry.tracing import Tracing, shutdown_tracing
@@ -347,7 +347,7 @@ def _micro(args: argparse.Namespace) -> dict[str, float]:
 
     from prometheus_client import CollectorRegistry
 
-    from proxy.accounting.config import accounting_from
+    from proxy.config.accounting import accounting_from
     from proxy.config.settings import Settings
     from proxy.reporting.reporting import Reporting
 

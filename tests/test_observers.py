@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
+from proxy.exchange.observers import Named, Observers
 from proxy.logs.ratelimited import RateLimitedLog
-from proxy.reporting.sinks import Named, Sinks
 from proxy.telemetry.exposition import Counter, Registry
 
 
@@ -27,7 +27,7 @@ def broken(record: str) -> None:
 def test_a_raising_sink_is_counted_and_logged_and_the_next_still_runs(caplog: pytest.LogCaptureFixture) -> None:
     errors = _counter()
     seen: list[str] = []
-    sinks: Sinks[str] = Sinks(
+    sinks: Observers[str] = Observers(
         [Named("metrics", broken), Named("live_view", seen.append)],
         errors,
         RateLimitedLog(logging.getLogger("taotrace.test_sinks")),
@@ -47,7 +47,9 @@ def test_a_raising_sink_is_counted_and_logged_and_the_next_still_runs(caplog: py
 
 def test_a_sink_run_by_the_caller_is_counted_under_its_name() -> None:
     errors = _counter()
-    sinks: Sinks[str] = Sinks([], errors, RateLimitedLog(logging.getLogger("taotrace.test_sinks")), more=("spans",))
+    sinks: Observers[str] = Observers(
+        [], errors, RateLimitedLog(logging.getLogger("taotrace.test_sinks")), more=("spans",)
+    )
     try:
         broken("x")
     except KeyError as exc:

@@ -1,0 +1,48 @@
+"""Ending a request's spans from a record a test built itself, as the span observer does in the
+proxy (`Telemetry.end`): the record carries its root span's start (`Telemetry.span_start`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from opentelemetry.trace import Status, StatusCode
+
+from proxy.exchange.record import RequestRecord
+from proxy.telemetry.spandata import Resource
+from proxy.telemetry.spans import RootSpan, Telemetry, network_attributes
+
+Phase = tuple[str, int, int, dict[str, Any], Status | None]
+
+
+def finish(
+    tel: Telemetry,
+    span: RootSpan,
+    rec: RequestRecord,
+    output_text: str | None = None,
+    *,
+    output_value: str | None = None,
+    resource: Resource | None = None,
+) -> None:
+    """`span` ended from `rec`, its phase children with it, to `tel`'s processor."""
+    start = tel.span_start(span, rec.sampling, output_text, output_value)
+    tel.end(dataclasses.replace(rec, span=start), resource)
+
+
+def phases(rec: RequestRecord, offset: int) -> list[Phase]:
+    """(name, start ns, end ns, attributes, error status) of each phase child, as the proxy makes
+    them: the reference the SDK's spans are built from in the equivalence tests."""
+    t = rec.timing
+
+    def ns(x: float) -> int:
+        return int(x * 1e9) + offset
+
+    network: dict[str, Any] = dict(network_attributes(t))
+    status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and t.sent is None else None
+    out: list[Phase] = [("network", ns(t.start), ns(t.sent) if t.sent is not None else ns(t.end), network, status)]
+    if t.sent is not None and t.first_token is not None:
+        sent, first = ns(t.sent), ns(t.first_token)
+        last = ns(t.last_token) if t.last_token is not None else first
+        out.append(("prefill_wait", sent, first, {}, None))
+        out.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None))
+    return out
