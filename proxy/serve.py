@@ -24,9 +24,9 @@ from prometheus_client import CollectorRegistry
 from proxy.config.config import Config, load
 from proxy.config.settings import Settings
 from proxy.dialects import DIALECTS, Dialects
+from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.mirror import describe
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import Running as InFlightRequests
 from proxy.logs.origin import without_credentials
 from proxy.reporting.reporting import Reporting
 from proxy.server.app import mirror_policy

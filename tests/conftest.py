@@ -17,6 +17,7 @@ import pytest
 import trustme
 from prometheus_client import CollectorRegistry
 
+from proxy.config.routes import parse_route
 from proxy.config.settings import Settings
 from proxy.exchange.record import RequestRecord
 from proxy.serve import running
@@ -176,9 +177,12 @@ def start_proxy(
     @asynccontextmanager
     async def factory(**overrides: Any) -> AsyncIterator[Proxied]:
         records: list[RequestRecord] = []
+        # A route for / stands in for --upstream (giving both is refused, as `taotrace serve` does).
+        root_route = any(parse_route(r).prefix == "" for r in overrides.get("routes", ()))
+        given = {} if root_route else {"upstream": upstream.url}
         settings = Settings(
             **{
-                "upstream": upstream.url, "port": 0, "metrics_port": 0, "drain_seconds": 1.0,
+                **given, "port": 0, "metrics_port": 0, "drain_seconds": 1.0,
                 "workers": 1 if proxy_workers == "tp" else proxy_workers,
                 "telemetry_process": proxy_workers == "tp", **overrides,
             }

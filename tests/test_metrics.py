@@ -109,11 +109,11 @@ async def test_health_and_readiness(proxy: Proxied) -> None:
             assert r.status == 200
         async with s.get(proxy.metrics_url + "/readyz") as r:
             assert r.status == 200
-    proxy.srv.state.draining = True
+    proxy.srv.requests.draining = True
     async with aiohttp.ClientSession() as s:
         async with s.get(proxy.metrics_url + "/readyz") as r:
             assert r.status == 503
-    proxy.srv.state.draining = False
+    proxy.srv.requests.draining = False
 
 
 @BOTH_MODES

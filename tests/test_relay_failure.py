@@ -25,9 +25,9 @@ from yarl import URL
 
 from proxy.config.routes import Router, routes_for
 from proxy.exchange.handler import Forwarder, HandlerOptions, RoutePool
+from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.observers import Named, Observers
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import Running
 from proxy.logs.ratelimited import RateLimitedLog
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
@@ -81,7 +81,7 @@ async def forwarding(upstream: FakeUpstream, clock: Callable[[], float]) -> Asyn
         HandlerOptions(max_body_bytes=1 << 20),
         telemetry,
         observers,
-        Running(),
+        InFlightRequests(),
         metrics.in_flight,
         clock=clock,
     )

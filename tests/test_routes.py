@@ -224,7 +224,7 @@ async def test_two_routes_byte_exact_canary_clean_and_labelled(
 ) -> None:
     upstream.handler = SLOW_PREFILL
     routes = [f"beta:/beta={second.url}/api", f"alpha:/={upstream.url}"]
-    async with start_proxy(routes=routes, upstream="https://taotoken.net/api") as p:
+    async with start_proxy(routes=routes) as p:  # the route for / takes --upstream's place
         a = await _call(client, p.url + "/v1/chat/completions?x=1", KEY_A)
         b = await _call(client, p.url + "/beta/v1/chat/completions?y=2", KEY_B, header="x-api-key")
         records = await p.settled(2)

@@ -12,8 +12,8 @@ import pytest
 
 from proxy.dialects import Usage
 from proxy.errors import ErrorType
+from proxy.exchange.inflight import InFlight
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import InFlight
 from proxy.exchange.timing import PhaseClock
 from proxy.ui.live import LiveView
 from proxy.ui.pairs import Pairs, differences

@@ -19,11 +19,11 @@ from proxy.dialects import Usage
 from proxy.errors import ProxyError
 from proxy.exchange.exchange import Exchange
 from proxy.exchange.finishing import Finishing
+from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.observers import Observers
 from proxy.exchange.outcome import Facts, Outcome, decide
 from proxy.exchange.record import RequestRecord, Traced, usage_of
 from proxy.exchange.relay import MAX_BODY_COPY
-from proxy.exchange.running import Running
 from proxy.exchange.timing import PhaseClock
 from proxy.exchange.tracer import Tracer
 
@@ -42,7 +42,7 @@ class Bookkeeper:
         self,
         observers: Observers[RequestRecord],
         tracer: Tracer[Any],
-        running: Running,
+        running: InFlightRequests,
         *,
         clock: Clock = time.perf_counter,
         wall_clock: Clock = time.time,

@@ -10,9 +10,9 @@ from typing import Any
 from proxy.config.routes import Route
 from proxy.dialects import Dialect, RequestInfo
 from proxy.errors import ErrorType
+from proxy.exchange.inflight import Counted, InFlight
 from proxy.exchange.outcome import End, Facts
 from proxy.exchange.relay import Relay
-from proxy.exchange.running import Counted, InFlight
 from proxy.exchange.timing import PhaseClock
 from proxy.upstream import UpstreamResponse
 from proxy.upstream.tcpinfo import TcpInfo, TcpStats, request_stats

@@ -32,11 +32,11 @@ from proxy.errors import BodyTooLarge, ProxyError
 from proxy.exchange.bookkeeping import Bookkeeper
 from proxy.exchange.exchange import Exchange, server_timing
 from proxy.exchange.headers import ForwardedFor, request_headers, response_headers
+from proxy.exchange.inflight import Counted, InFlightRequests
 from proxy.exchange.mirror import MirrorPolicy, mirror_headers, new_pair_id
 from proxy.exchange.observers import Observers
 from proxy.exchange.record import RequestRecord
 from proxy.exchange.relay import Discard, ended_by, never_paused, relay_for, relay_to_client
-from proxy.exchange.running import Counted, Running
 from proxy.exchange.target import target as target_of
 from proxy.exchange.timing import PhaseClock
 from proxy.exchange.tracer import Tracer
@@ -87,7 +87,7 @@ class Forwarder:
         options: HandlerOptions,
         tracer: Tracer[Any],
         observers: Observers[RequestRecord],
-        running: Running,
+        running: InFlightRequests,
         in_flight: InFlightGauge,
         *,
         bookkeeper: Bookkeeper | None = None,

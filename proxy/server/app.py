@@ -23,10 +23,10 @@ from proxy.config.settings import Settings
 from proxy.dialects import DIALECTS, Dialects
 from proxy.exchange.bookkeeping import Bookkeeper
 from proxy.exchange.handler import Forwarder, HandlerOptions, InFlightGauge, RoutePool
+from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.mirror import MirrorPolicy
 from proxy.exchange.observers import ErrorCounts, Named, Observers
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import Running
 from proxy.exchange.tracer import Tracer
 from proxy.logs.ratelimited import RateLimitedLog, flushing
 from proxy.logs.upstream_failures import UpstreamFailures
@@ -111,7 +111,7 @@ def create_proxy_app(
     config: Config,
     tracer: Tracer[Any],
     observers: Sequence[Named[RequestRecord]],
-    running: Running,
+    running: InFlightRequests,
     metrics: ProxyMetrics,
     *,
     mirror_dropped: Callable[[str], None] = lambda reason: None,

@@ -1,7 +1,7 @@
 """The proxy port of one serving process (the proxy alone, or one worker of a group), on
 sockets already bound, and the drain that ends it.
 
-Drain: /readyz turns 503 (`Running.draining`) and the proxy's listening socket closes at once
+Drain: /readyz turns 503 (`InFlightRequests.draining`) and the proxy's listening socket closes at once
 (new connections are refused); requests in flight get `drain_seconds` to finish; any still
 running are cancelled, which closes their client connections mid-body (cut, never cleanly
 truncated).
@@ -19,9 +19,9 @@ from aiohttp import web
 
 from proxy.config.config import Config
 from proxy.dialects import DIALECTS, Dialects
+from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.observers import Named
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import Running
 from proxy.server.app import DIRECT_KEY, create_proxy_app
 from proxy.server.lifecycle import Drained, drain
 from proxy.server.listen import http_url
@@ -35,7 +35,9 @@ __all__ = ["serving"]
 log = logging.getLogger("taotrace")
 
 
-async def _drain(runner: web.AppRunner, running: Running, deadline: float, now: asyncio.Event | None) -> Drained:
+async def _drain(
+    runner: web.AppRunner, running: InFlightRequests, deadline: float, now: asyncio.Event | None
+) -> Drained:
     """Refuse new connections at once, let requests in flight run until the deadline (or until
     `now` is set: a second signal), then cancel the rest (their clients see the connection cut,
     never a clean end). aiohttp's own shutdown is not enough: it waits `shutdown_timeout`, then
@@ -52,7 +54,7 @@ async def _drain(runner: web.AppRunner, running: Running, deadline: float, now: 
 async def serving(
     config: Config,
     socks: Sequence[socket.socket],
-    running: Running,
+    running: InFlightRequests,
     *,
     telemetry: Telemetry,
     recorder: Recorder,

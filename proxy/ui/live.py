@@ -13,8 +13,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from proxy.exchange.inflight import InFlight
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import InFlight
 from proxy.ui.pairs import Pairs
 from proxy.ui.ring import Ring
 from proxy.ui.summary import Window

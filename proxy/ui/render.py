@@ -68,8 +68,8 @@ def _plain(value: object, capture_content: bool) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
-            if f.name in _INSTANTS or f.name in SERIES:  # instants are offsets in spans; itl is `gaps`
-                continue
+            if f.name in _INSTANTS or f.name in SERIES or f.name == "span":
+                continue  # instants are offsets in spans; itl is `gaps`; the root span's start is the span observer's
             if not capture_content and any(w in f.name for w in _CONTENT_WORDS):
                 continue
             out[f.name] = _plain(getattr(value, f.name), capture_content)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from proxy.exchange.inflight import InFlight
 from proxy.exchange.record import model_label
-from proxy.exchange.running import InFlight
 from proxy.ui.ring import MAX_GAPS, Query, compact_gaps
 
 __all__ = ["running_detail", "running_matches", "running_row"]

@@ -27,8 +27,8 @@ from proxy import __version__
 from proxy.accounting.prices import Cost
 from proxy.accounting.ratelimits import RateLimit, RateLimits
 from proxy.dialects import Usage
+from proxy.exchange.inflight import InFlight
 from proxy.exchange.record import RequestRecord, SpanStart
-from proxy.exchange.running import InFlight
 from proxy.exchange.timing import RequestTiming
 from proxy.upstream.tcpinfo import TcpStats
 from proxy.workers.plain import Plain

@@ -56,10 +56,10 @@ from prometheus_client import CollectorRegistry
 
 from proxy.config.config import Config, load
 from proxy.config.settings import Settings
+from proxy.exchange.inflight import InFlight
 from proxy.exchange.mirror import worker_share
 from proxy.exchange.observers import Named, Observers
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import InFlight
 from proxy.logs.ratelimited import RateLimitedLog
 from proxy.reporting.reporting import Reporting
 from proxy.server.lifecycle import Shutdown
@@ -275,7 +275,7 @@ class _Supervisor:
                 worker.proc.kill()
             return
         worker.writer = writer
-        settings = self.settings.model_dump()
+        settings = self.settings.model_dump(exclude_unset=True)  # as given: a worker checks them as the supervisor did
         if self.settings.mirror is not None and self.settings.mirror_max_per_minute is not None:
             # Each worker decides alone: it gets its share of the group's caps.
             workers = len(self.group.workers)

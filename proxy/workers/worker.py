@@ -25,8 +25,8 @@ from contextlib import suppress
 
 from proxy.config.config import load
 from proxy.config.settings import Settings
+from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.record import RequestRecord
-from proxy.exchange.running import Running
 from proxy.reporting.reporting import telemetry_for
 from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
 from proxy.server.listen import bind
@@ -137,7 +137,7 @@ class Shipper:
 
 
 async def _answer(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: Running, shipper: Shipper
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: InFlightRequests, shipper: Shipper
 ) -> None:
     """Answer the supervisor's questions until it goes away: what is in flight (the live view)."""
     while (message := await receive(reader)) is not None:
@@ -164,7 +164,7 @@ async def _serve(sock: socket.socket) -> None:
         config = load(settings)  # the group's key salt is in the settings
         # Spans are started here (ids, sampling, traceparent) and finished by the supervisor, or not at all.
         telemetry = telemetry_for(config, build_tracing(export=False), ship=start.ship_spans)
-        requests = Running()
+        requests = InFlightRequests()
         async with serving(
             config, socks, requests, telemetry=telemetry, recorder=shipper, observers=(),
             stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["PHASES", "Counted", "InFlight", "Running", "RunningExchange"]
+__all__ = ["PHASES", "Counted", "InFlight", "InFlightExchange", "InFlightRequests"]
 
 log = logging.getLogger("taotrace")
 
@@ -58,7 +58,7 @@ class InFlight:
     gaps: tuple[float, ...] = ()  # inter-token gaps so far: only when one request is asked for
 
 
-class RunningExchange(Protocol):
+class InFlightExchange(Protocol):
     """What the registry holds: an exchange that can describe itself (`proxy.exchange.exchange`)."""
 
     mirror: bool
@@ -68,19 +68,19 @@ class RunningExchange(Protocol):
 
 
 class Counted(Protocol):
-    """The in-flight gauge's child for one (upstream, api): what `Running` counts requests in."""
+    """The in-flight gauge's child for one (upstream, api): what `InFlightRequests` counts requests in."""
 
     def inc(self, amount: float = 1) -> None: ...
 
     def dec(self, amount: float = 1) -> None: ...
 
 
-class Running:
+class InFlightRequests:
     """The requests in flight in this process (see the module's docstring)."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, wall_clock: Callable[[], float] = time.time):
         self.tasks: set[asyncio.Task[Any]] = set()
-        self._exchanges: set[RunningExchange] = set()
+        self._exchanges: set[InFlightExchange] = set()
         self.draining = False
         self.clock = clock  # the handler's clock: the phase clocks' instants are on it
         self.wall_clock = wall_clock
@@ -89,13 +89,13 @@ class Running:
         """Exchanges between their start and their bookkeeping (mirror copies included)."""
         return len(self._exchanges)
 
-    def add(self, x: RunningExchange, counted: Counted | None = None) -> None:
+    def add(self, x: InFlightExchange, counted: Counted | None = None) -> None:
         """`x` starts; `counted`: its gauge child (a request; a mirror copy is not counted)."""
         self._exchanges.add(x)
         if counted is not None:
             counted.inc()
 
-    def discard(self, x: RunningExchange, counted: Counted | None = None) -> None:
+    def discard(self, x: InFlightExchange, counted: Counted | None = None) -> None:
         self._exchanges.discard(x)
         if counted is not None:
             counted.dec()
