@@ -388,8 +388,6 @@ def test_a_command_imports_only_its_own_module_and_the_command_list_no_pydantic(
         return set(ast.literal_eval(done.stdout.splitlines()[-1]))
 
     sim = {m for m in loaded(["sim"]) if m.startswith("proxy.") and not m.startswith("proxy.sim")}
-    assert sim == {"proxy.cli", "proxy.server", "proxy.server.lifecycle", "proxy.server.listen"}, (
-        sim
-    )  # not the server side
+    assert sim == {"proxy.cli", "proxy.server", "proxy.server.lifecycle", "proxy.server.listen"}, sim
     top = loaded([])  # `taotrace` alone: the command list
     assert not top & {"pydantic", "pydantic_settings", "aiohttp"}, top

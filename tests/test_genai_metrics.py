@@ -1,22 +1,27 @@
 """GenAI semantic-convention metrics (v1.41.0) reach real OTLP receivers (HTTP and gRPC), decoded.
 
-Names, units, buckets, attributes and temporality are read back from the protobuf our exporter
-sent; the proxy runs for real against a fake upstream, configured by OTEL_* only.
+Names, units, buckets, attributes and temporality are read back from the protobuf the SDK's
+exporters sent; the proxy runs for real against a fake upstream, configured by OTEL_* only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
+import socket
 import sys
+import threading
 import time
 from dataclasses import replace
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from proxy.config.settings import Settings
 from proxy.serve import running
@@ -29,7 +34,7 @@ from proxy.telemetry.genai_metrics import (
 )
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ModelLabels
-from proxy.telemetry.semconv import ENV, SCHEMA_URL_LATEST, SCHEMA_URL_RELEASED, Conventions
+from proxy.telemetry.semconv import ENV, SCHEMA_URL_RELEASED, Conventions
 from tests.fakes import (
     FakeUpstream,
     OTLPGrpcMetricsSink,
@@ -42,6 +47,7 @@ from tests.fakes import (
     stream_handler,
     usage_chunk,
 )
+from tests.otel_versions import ENCODER_WRITES_SCOPE_FIELDS
 
 CUMULATIVE, DELTA = 2, 1  # opentelemetry.proto AggregationTemporality
 GENAI = {
@@ -209,17 +215,19 @@ async def test_each_convention_choice_over_each_protocol(
             await sink.close()
         else:
             await asyncio.to_thread(sink.close)
-    assert set(got) == {m.schema_url for m in conventions.metrics}
+    if ENCODER_WRITES_SCOPE_FIELDS:  # an older OTLP encoder sends no scope schema URL
+        assert set(got) == {m.schema_url for m in conventions.metrics}
+        if conventions.released:
+            assert "taotrace.phase.duration" in got[SCHEMA_URL_RELEASED]  # ours on the first scope
+    metrics = {name: m for scope in got.values() for name, m in scope.items()}
     if conventions.released:
-        usage = got[SCHEMA_URL_RELEASED]["gen_ai.client.token.usage"]
-        assert usage.histogram.aggregation_temporality == DELTA
-        assert "taotrace.phase.duration" in got[SCHEMA_URL_RELEASED]  # ours on the first scope
+        assert metrics["gen_ai.client.token.usage"].histogram.aggregation_temporality == DELTA
     if conventions.latest:
-        tokens = got[SCHEMA_URL_LATEST]["gen_ai.client.inference.tokens"]
+        tokens = metrics["gen_ai.client.inference.tokens"]
         assert tokens.WhichOneof("data") == "sum" and tokens.sum.is_monotonic
         assert tokens.sum.aggregation_temporality == DELTA
         assert sorted(p.as_int for p in tokens.sum.data_points) == [20, 100]
-        assert got[SCHEMA_URL_LATEST]["gen_ai.client.inference.duration"].histogram.data_points[0].count == 1
+        assert metrics["gen_ai.client.inference.duration"].histogram.data_points[0].count == 1
 
 
 async def test_exports_every_interval_and_delta_points_add_up(
@@ -247,12 +255,14 @@ async def test_exports_every_interval_and_delta_points_add_up(
 
 
 @pytest.mark.parametrize("in_flight", [False, True])
-async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(blackhole: int, in_flight: bool) -> None:
+async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(
+    blackhole: int, in_flight: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`in_flight`: an interval's export is already stuck on the collector when shutdown comes."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "4")  # read by the SDK's exporter, from the process
     env = {
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole}",
-        "OTEL_EXPORTER_OTLP_TIMEOUT": "60",
         "OTEL_METRIC_EXPORT_INTERVAL": "200" if in_flight else "60000",
     }
     provider = build_meter_provider(env)
@@ -264,27 +274,44 @@ async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(blackh
         await asyncio.sleep(0.6)
     began = time.monotonic()
     assert not await asyncio.to_thread(shutdown_meter_provider, provider, 0.5)
-    assert time.monotonic() - began < 3.0  # 0.5 s asked; never the 60 s export timeout
+    assert time.monotonic() - began < 2.5  # 0.5 s asked; never the exporter's 4 s
+    # The abandoned export ends by the exporter's timeout (its last words logged in this test, not a later one).
+    for _ in range(100):
+        if not any(t.name == "taotrace-metrics-export" for t in threading.enumerate()):
+            break
+        await asyncio.sleep(0.1)
 
 
-def test_console_prints_one_otlp_json_line_per_export(capsys: pytest.CaptureFixture[str]) -> None:
-    from google.protobuf import json_format  # type: ignore[import-untyped]  # protobuf ships no stubs here
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+CONSOLE_SCRIPT = """
+import random
+from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
+from proxy.telemetry.metrics import ModelLabels
+from tests.fakes import record_for
 
-    provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "console", "OTEL_SERVICE_NAME": "svc"})
-    assert provider is not None
-    genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
-    genai(record_for("chat_completions", "m", 200, random.Random(2)))
-    genai.stop()
-    assert shutdown_meter_provider(provider, 5.0)
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1
-    request = json_format.Parse(lines[0], ExportMetricsServiceRequest())
-    (rm,) = request.resource_metrics
-    assert {kv.key: kv.value.string_value for kv in rm.resource.attributes}["service.name"] == "svc"
-    names = {m.name for sm in rm.scope_metrics for m in sm.metrics}
-    assert "gen_ai.client.operation.duration" in names
-    assert json.loads(lines[0])["resourceMetrics"][0]["scopeMetrics"][0]["schemaUrl"] == SCHEMA_URL_RELEASED
+provider = build_meter_provider()
+genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
+genai(record_for("chat_completions", "m", 200, random.Random(2)))
+genai.stop()
+assert shutdown_meter_provider(provider, 5.0)
+"""
+
+
+@pytest.mark.e2e  # a process of its own
+def test_console_prints_the_sdk_s_json_per_export() -> None:
+    """`console` is the SDK's ConsoleMetricExporter: each export as its JSON document on stdout
+    (the process's: the SDK binds it when imported), under the SDK's resource."""
+    import subprocess
+
+    env = {**os.environ, "OTEL_METRICS_EXPORTER": "console", "OTEL_SERVICE_NAME": "svc"}
+    done = subprocess.run(
+        [sys.executable, "-c", CONSOLE_SCRIPT], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    (rm,) = json.loads(done.stdout)["resource_metrics"]
+    assert rm["resource"]["attributes"]["service.name"] == "svc"
+    (sm,) = rm["scope_metrics"]
+    assert sm["scope"]["name"] == "taotrace" and sm["schema_url"] == SCHEMA_URL_RELEASED
+    duration = next(m for m in sm["metrics"] if m["name"] == "gen_ai.client.operation.duration")
+    assert duration["data"]["data_points"][0]["count"] == 1 and duration["unit"] == "s"
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="--telemetry-process needs SO_REUSEPORT (Linux)")
@@ -336,17 +363,85 @@ async def test_model_label_is_bounded_as_on_prometheus(upstream: FakeUpstream, c
 
 
 def test_metrics_export_is_opt_in() -> None:
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
     assert build_meter_provider({}) is None
-    assert build_meter_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}) is None  # traces only
+    assert build_meter_provider(endpoint) is None  # traces only
     assert build_meter_provider({"OTEL_METRICS_EXPORTER": "otlp"}) is None  # no endpoint: nothing leaves
-    assert build_meter_provider({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}) is None
+    assert build_meter_provider({"OTEL_METRICS_EXPORTER": "none", **endpoint}) is None
+    assert build_meter_provider({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true", **endpoint}) is None
+
+
+def test_the_exporter_list_and_the_protocol_choose_the_sdk_s_exporters(caplog: pytest.LogCaptureFixture) -> None:
+    """A comma list; `otlp` by OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL; a name nothing is installed
+    under, or a protocol the Python exporters lack (http/json), is a warning, never protobuf."""
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as Grpc
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+    from proxy.telemetry.metric_pipeline import exporters_from_env
+
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}
+    cases: list[tuple[dict[str, str], list[type]]] = [
+        ({"OTEL_METRICS_EXPORTER": " otlp , console ", **endpoint}, [Http, ConsoleMetricExporter]),
+        ({"OTEL_METRICS_EXPORTER": "console,none,console"}, [ConsoleMetricExporter]),
+        ({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", **endpoint}, [Grpc]),
+        ({"OTEL_METRICS_EXPORTER": "otlp_proto_grpc", **endpoint}, [Grpc]),
+        ({"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/json", **endpoint}, []),
+        ({"OTEL_METRICS_EXPORTER": "nonesuch,console"}, [ConsoleMetricExporter]),
+    ]
+    for env, kinds in cases:
+        exporters = exporters_from_env(env)
+        try:
+            assert [type(e) for e in exporters] == kinds, env
+        finally:
+            for e in exporters:
+                e.shutdown()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("'http/json'" in m for m in warned) and any("'nonesuch'" in m for m in warned), warned
+
+
+class Kept(MetricExporter):
+    """An exporter of a package of its own (registered under the SDK's entry-point group by the test)."""
+
+    got: ClassVar[list[MetricsData]] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        self.got.append(metrics_data)
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        pass
+
+
+def test_an_exporter_registered_as_an_entry_point_is_found_by_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = tmp_path / "kept_exporter-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kept-exporter\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[opentelemetry_metrics_exporter]\nkept = {__name__}:Kept\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    Kept.got.clear()
+    provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "kept,console"})
+    assert provider is not None and [type(e).__name__ for e in provider.exporters] == ["Kept", "ConsoleMetricExporter"]
+    genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
+    genai(record_for("chat_completions", "m", 200, random.Random(7)))
+    genai.stop()
+    assert shutdown_meter_provider(provider, 5.0)
+    (data,) = Kept.got
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert "gen_ai.client.operation.duration" in names
 
 
 async def test_a_refused_export_is_our_collector_line(caplog: pytest.LogCaptureFixture) -> None:
-    """The metrics exporter's give-up record (from otlp_delivery, noun `metrics`) becomes the
-    rate-limited line naming the metrics endpoint and the status; nothing raw gets through."""
-    import logging
-
+    """The SDK exporter's give-up record becomes the rate-limited line naming the metrics endpoint
+    and the status; nothing raw gets through."""
     from proxy.telemetry.collector_log import collector_warnings
 
     sink = await OTLPSink(status=400).start()
@@ -368,6 +463,39 @@ async def test_a_refused_export_is_our_collector_line(caplog: pytest.LogCaptureF
     assert [r for r in caplog.records if r.name != "taotrace" and r.levelno >= logging.WARNING] == []
 
 
+async def test_a_dead_grpc_collector_is_our_collector_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Over gRPC the SDK's exporter retries a refused connection; its records become our line
+    (while it retries, from its first attempt on), and the exit does not wait for it."""
+    from proxy.telemetry.collector_log import collector_warnings
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {
+        "OTEL_METRICS_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_METRIC_EXPORT_INTERVAL": "100",
+    }
+    provider = build_meter_provider(env)
+    assert provider is not None
+    genai = GenAIMetrics(provider, server_address="h", server_port=1, models=ModelLabels())
+    with caplog.at_level(logging.DEBUG):
+        async with collector_warnings(env, logging.getLogger("taotrace")):
+            genai(record_for("chat_completions", "m", 200, random.Random(8)))
+            genai.stop()
+            for _ in range(100):  # the first attempt fails at once; its retry waits ~1 s
+                if any(r.name == "taotrace" for r in caplog.records):
+                    break
+                await asyncio.sleep(0.1)
+            began = time.monotonic()
+            await asyncio.to_thread(shutdown_meter_provider, provider, 0.5)
+            assert time.monotonic() - began < 3.0
+    ours = [r.getMessage() for r in caplog.records if r.name == "taotrace"]
+    assert ours and ours[0].startswith(f"OTLP export to {endpoint} failed: "), ours
+    assert [r for r in caplog.records if r.name.startswith("opentelemetry") and r.levelno >= logging.WARNING] == []
+
+
 def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
     """Sets made once per kind of request (model, error, route, ...) and reused: the points are
     those of sets made afresh for every record (a cache of 2 kinds is cleared again and again)."""
@@ -386,7 +514,7 @@ def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
     ]
     collected = []
     for kept in (2, 1000):
-        pipeline = MetricPipeline({}, clock=lambda: 1)
+        pipeline = MetricPipeline(clock=lambda: 1)
         genai = GenAIMetrics(
             pipeline, server_address="api.example", server_port=443, models=ModelLabels(),
             upstreams={"eu": ("eu.example", 8443)}, sets_kept=kept,
@@ -399,7 +527,7 @@ def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
     duration = next(m for s in collected[0] for m in s.metrics if m.name == "gen_ai.client.operation.duration")
     got = {
         (p.attributes["gen_ai.request.model"], p.attributes.get("error.type"), p.attributes["server.address"]): p.count
-        for p in duration.points
+        for p in duration.data.data_points
     }
     assert got == {
         ("gpt-4o", None, "api.example"): 3, ("gpt-4o", "rate_limited", "api.example"): 3,
@@ -435,11 +563,11 @@ def test_token_usage_is_what_was_reported_never_a_count() -> None:
         replace(base, usage=Usage(2000, 5, None, None), usage_source="counted"),  # cut before message_delta
         replace(base, usage=Usage(None, 9, None, None), usage_source="counted"),  # no usage at all
     ]
-    pipeline = MetricPipeline({}, clock=lambda: 1)
+    pipeline = MetricPipeline(clock=lambda: 1)
     genai = GenAIMetrics(pipeline, server_address="api.example", server_port=443, models=ModelLabels())
     for rec in records:
         genai(rec)
     genai.stop()
     usage = next(m for s in pipeline.collect() for m in s.metrics if m.name == "gen_ai.client.token.usage")
-    by_type = {p.attributes["gen_ai.token.type"]: (p.count, p.sum) for p in usage.points}
+    by_type = {p.attributes["gen_ai.token.type"]: (p.count, p.sum) for p in usage.data.data_points}
     assert by_type == {"input": (2, 3000), "output": (1, 7)}

@@ -21,9 +21,11 @@ def test_endpoint_rules_per_signal(signal: str) -> None:
     assert otlp_target(mixed, signal) == ("http/protobuf", f"http://c:4318/v1/{signal}")  # the signal's own wins
 
 
-def test_the_resource_follows_the_sdks_variables() -> None:
+def test_the_resource_follows_the_sdks_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """OTEL_RESOURCE_ATTRIBUTES (how a viewer's project or a deployment is named) reaches spans and
-    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one."""
+    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one.
+    (The metrics' resource is the SDK's `Resource.create`, which reads the process environment.)"""
+    from proxy import __version__
     from proxy.telemetry.genai_metrics import build_meter_provider
     from proxy.telemetry.tracing import build_tracing
 
@@ -33,11 +35,16 @@ def test_the_resource_follows_the_sdks_variables() -> None:
         (grouped, "from-attrs"),
         ({**grouped, "OTEL_SERVICE_NAME": "from-name"}, "from-name"),
     ):
+        for name in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
         meters = build_meter_provider({**env, "OTEL_METRICS_EXPORTER": "console"})
         assert meters is not None
+        assert meters.resource.attributes["service.version"] == __version__
         for attrs in (
             build_tracing(env, export=False).resource.attributes,
-            meters.resource,
+            meters.resource.attributes,
         ):
             assert attrs["service.name"] == service
             assert attrs.get("openinference.project.name") == ("llm proxy" if env else None)

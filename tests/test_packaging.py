@@ -181,11 +181,14 @@ def test_the_opentelemetry_range_is_the_one_make_tests() -> None:
     newest venv is inside them; it installs no test tool that [test] does not list."""
     make = _make_variables((ROOT / "Makefile").read_text())
     runtime, test = PROJECT["dependencies"], PROJECT["optional-dependencies"]["test"]
-    assert _floor(runtime, "opentelemetry-api") == make["OTEL_OLDEST"]
-    for name in ("opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-common", "opentelemetry-proto"):
+    for name in (
+        "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
+        "opentelemetry-exporter-otlp-proto-http",
+    ):  # fmt: skip
+        assert _floor(runtime, name) == make["OTEL_OLDEST"], name
+    for name in ("opentelemetry-exporter-otlp-proto-common", "opentelemetry-proto"):
         assert _floor(test, name) == make["OTEL_OLDEST"], name
     assert _floor(runtime, "grpcio") == make["GRPCIO_OLDEST"]
     oldest, newest = (tuple(int(p) for p in make[v].split(".")) for v in ("OTEL_OLDEST", "OTEL_NEWEST"))
     assert oldest < newest < (2,)
     assert set(make["OTEL_RANGE_TOOLS"].split()) <= _names(test)
-    assert not {"opentelemetry-sdk", "opentelemetry-exporter-otlp", "protobuf"} & _names(runtime)

@@ -27,6 +27,7 @@ from proxy.telemetry.genai_metrics import build_meter_provider, shutdown_meter_p
 from proxy.telemetry.semconv import ENV, SCHEMA_URL_LATEST, SCHEMA_URL_RELEASED, Conventions
 from proxy.telemetry.tracing import build_tracing, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_chunk, chat_stream, json_handler, sse, stream_handler, usage_chunk
+from tests.otel_versions import ENCODER_WRITES_SCOPE_FIELDS
 
 DATA = Path(__file__).parent / "data" / "semconv"
 NAMESPACES = ("gen_ai", "server", "http", "url", "error", "user")
@@ -84,7 +85,12 @@ def scopes(payloads: list[bytes], metrics: bool) -> list[tuple[str, Any]]:
         if metrics:
             mreq = ExportMetricsServiceRequest()
             mreq.ParseFromString(payload)
-            found += [(sm.schema_url, m) for rm in mreq.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+            for sm in (sm for rm in mreq.resource_metrics for sm in rm.scope_metrics):
+                url = sm.schema_url
+                if not ENCODER_WRITES_SCOPE_FIELDS:  # an encoder before 1.31 leaves it out: the names tell it
+                    latest = any(m.name.startswith("gen_ai.client.inference.") for m in sm.metrics)
+                    url = SCHEMA_URL_LATEST if latest else SCHEMA_URL_RELEASED
+                found += [(url, m) for m in sm.metrics]
         else:
             treq = ExportTraceServiceRequest()
             treq.ParseFromString(payload)

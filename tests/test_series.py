@@ -14,11 +14,12 @@ import aiohttp
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.settings import Settings
 from proxy.exchange.record import RequestRecord
-from proxy.telemetry.aggregate import AttributeSet, HistogramPoint
+from proxy.telemetry.aggregate import AttributeSet
 from proxy.telemetry.aggregate import Histogram as OtlpHistogram
 from proxy.telemetry.exposition import Histogram, Registry
 from proxy.telemetry.genai_metrics import BUCKETS_SPEC_SECONDS
@@ -67,19 +68,19 @@ def test_an_otlp_histogram_reads_a_binned_series_as_its_values(
     series: tuple[tuple[float, ...], list[float], Binned],
 ) -> None:
     edges, values, binned = series
-    points: list[HistogramPoint] = []
+    points: list[HistogramDataPoint] = []
     for given_values in (values, binned):
         h = OtlpHistogram("h", "s", "h.", edges, clock=lambda: 1)
         h.record_many_set([0.5], AttributeSet.of({"k": "v"}))  # a total to add to
         h.record_many_set(given_values, AttributeSet.of({"k": "v"}))
         collected = h.collect()
         assert collected is not None
-        (point,) = collected.points
-        assert isinstance(point, HistogramPoint)
+        (point,) = collected.data.data_points
+        assert isinstance(point, HistogramDataPoint)
         points.append(point)
     raw, from_bins = points
-    assert (raw.counts, raw.count, raw.min, raw.max) == (
-        from_bins.counts,
+    assert (raw.bucket_counts, raw.count, raw.min, raw.max) == (
+        from_bins.bucket_counts,
         from_bins.count,
         from_bins.min,
         from_bins.max,

@@ -41,7 +41,7 @@ def emitted() -> dict[str, set[str]]:
             for key in span.attributes or {}:
                 if not USER_NAMED.match(key):
                     where.setdefault(key, set()).add(kind)
-    provider = MetricPipeline({})  # no exporter: collected below
+    provider = MetricPipeline()  # no exporter: collected below
     genai = GenAIMetrics(
         provider, server_address="h", server_port=1, models=ModelLabels(frozenset(), 100),
         upstreams={"r": ("h", 1)}, conventions=Conventions(released=True, latest=True),
@@ -57,7 +57,7 @@ def emitted() -> dict[str, set[str]]:
     for scope in provider.collect():
         for metric in scope.metrics:
             where.setdefault(metric.name, set()).add("metric")
-            for point in metric.points:
+            for point in metric.data.data_points:
                 for key in point.attributes:
                     where.setdefault(key, set()).add("metric attribute")
     return where

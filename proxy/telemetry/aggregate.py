@@ -15,7 +15,8 @@ What the OpenTelemetry metrics SDK specifies for these two instruments, and no m
 `record_many` adds a stream's many chunk gaps in one call: one lookup and one lock for all of
 them. An `AttributeSet` carries its lookup key, made once, for a caller that records the same set
 often (`record_set`, `record_many_set`, `add_set`). Instruments may be recorded from one thread while another collects (a lock each). The clock
-(Unix ns) is injected.
+(Unix ns) is injected. A collection is the SDK's own export data (`opentelemetry.sdk.metrics.export`:
+`Metric`, `ScopeMetrics`), which its exporters encode and send (`metric_pipeline.py`).
 """
 
 from __future__ import annotations
@@ -27,26 +28,23 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 from functools import reduce
 from operator import add
 
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    HistogramDataPoint,
+    Metric,
+    NumberDataPoint,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.metrics.export import Histogram as HistogramData
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
 from proxy.workers.series import Binned, bucket_pairs
 
-__all__ = [
-    "CARDINALITY_LIMIT",
-    "OVERFLOW",
-    "AttributeSet",
-    "Counter",
-    "Histogram",
-    "HistogramPoint",
-    "Meter",
-    "MetricData",
-    "ScopeData",
-    "SumPoint",
-    "Temporality",
-    "temporality_from_env",
-]
+__all__ = ["CARDINALITY_LIMIT", "OVERFLOW", "AttributeSet", "Counter", "Histogram", "Meter", "temporality_from_env"]
 
 Attributes = Mapping[str, "str | int | bool"]
 CARDINALITY_LIMIT = 2000  # the spec's default, points per instrument including the overflow one
@@ -79,65 +77,11 @@ class AttributeSet:
         return cls(attributes, frozenset(attributes.items()))
 
 
-class Temporality(IntEnum):
-    """OTLP's AggregationTemporality values."""
-
-    DELTA = 1
-    CUMULATIVE = 2
-
-
-def temporality_from_env(env: Mapping[str, str]) -> Temporality:
+def temporality_from_env(env: Mapping[str, str]) -> AggregationTemporality:
     """OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE for our instruments (synchronous counters and
     histograms): `cumulative` (default) or `delta`; `lowmemory` is delta for both (the spec's table)."""
     choice = env.get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "cumulative").strip().lower()
-    return Temporality.DELTA if choice in ("delta", "lowmemory") else Temporality.CUMULATIVE
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramPoint:
-    """One attribute set's histogram over [start_ns, time_ns]; `counts` has len(bounds) + 1 buckets."""
-
-    attributes: Attributes
-    start_ns: int
-    time_ns: int
-    counts: tuple[int, ...]
-    count: int
-    sum: float
-    min: float
-    max: float
-
-
-@dataclass(frozen=True, slots=True)
-class SumPoint:
-    """One attribute set's counter total over [start_ns, time_ns]."""
-
-    attributes: Attributes
-    start_ns: int
-    time_ns: int
-    value: int | float
-
-
-@dataclass(frozen=True, slots=True)
-class MetricData:
-    """One instrument's points at a collection; `bounds` for a histogram, empty for a sum."""
-
-    name: str
-    description: str
-    unit: str
-    temporality: Temporality
-    histogram: bool
-    bounds: tuple[float, ...]
-    points: tuple[HistogramPoint, ...] | tuple[SumPoint, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ScopeData:
-    """The metrics of one instrumentation scope (one schema URL) at a collection."""
-
-    name: str
-    version: str
-    schema_url: str
-    metrics: tuple[MetricData, ...]
+    return AggregationTemporality.DELTA if choice in ("delta", "lowmemory") else AggregationTemporality.CUMULATIVE
 
 
 class _HistogramState:
@@ -173,7 +117,7 @@ class _Instrument:
         name: str,
         unit: str,
         description: str,
-        temporality: Temporality,
+        temporality: AggregationTemporality,
         clock: Callable[[], int],
         limit: int,
     ) -> None:
@@ -196,8 +140,8 @@ class _Instrument:
         return _OVERFLOW_KEY, OVERFLOW
 
     def _start(self) -> int:
-        # Cumulative: from when the set was first seen; delta: from the previous collection.
-        return self._last_ns if self.temporality is Temporality.DELTA else self._clock()
+        # A point's start. Cumulative: when its set was first seen; delta: the previous collection.
+        return self._last_ns if self.temporality is AggregationTemporality.DELTA else self._clock()
 
 
 class Histogram(_Instrument):
@@ -209,7 +153,7 @@ class Histogram(_Instrument):
         unit: str,
         description: str,
         bounds: Iterable[float],
-        temporality: Temporality = Temporality.CUMULATIVE,
+        temporality: AggregationTemporality = AggregationTemporality.CUMULATIVE,
         *,
         clock: Callable[[], int] = time.time_ns,
         limit: int = CARDINALITY_LIMIT,
@@ -310,25 +254,23 @@ class Histogram(_Instrument):
             if binned.high > state.high:
                 state.high = binned.high
 
-    def collect(self) -> MetricData | None:
+    def collect(self) -> Metric | None:
         """The points since the start (cumulative) or the previous collection (delta); None when there are none."""
         now = self._clock()
+        bounds = self.bounds
         with self._lock:
-            if self.temporality is Temporality.DELTA:
-                states, self._states = self._states, {}
-                start, self._last_ns = self._last_ns, now
-                points = tuple(
-                    HistogramPoint(s.attributes, start, now, tuple(s.counts), s.count, s.total, s.low, s.high)
-                    for s in states.values()
+            states = self._states
+            if self.temporality is AggregationTemporality.DELTA:  # handed over: the next interval starts now
+                self._states, self._last_ns = {}, now
+            points = [
+                HistogramDataPoint(
+                    s.attributes, s.start_ns, now, s.count, s.total, tuple(s.counts), bounds, s.low, s.high
                 )
-            else:
-                points = tuple(
-                    HistogramPoint(s.attributes, s.start_ns, now, tuple(s.counts), s.count, s.total, s.low, s.high)
-                    for s in self._states.values()
-                )
+                for s in states.values()
+            ]
         if not points:
             return None
-        return MetricData(self.name, self.description, self.unit, self.temporality, True, self.bounds, points)
+        return Metric(self.name, self.description, self.unit, HistogramData(points, self.temporality))
 
 
 class Counter(_Instrument):
@@ -339,7 +281,7 @@ class Counter(_Instrument):
         name: str,
         unit: str,
         description: str,
-        temporality: Temporality = Temporality.CUMULATIVE,
+        temporality: AggregationTemporality = AggregationTemporality.CUMULATIVE,
         *,
         clock: Callable[[], int] = time.time_ns,
         limit: int = CARDINALITY_LIMIT,
@@ -368,19 +310,17 @@ class Counter(_Instrument):
                     state = states[key] = _SumState(attributes, self._start())
             state.value += amount
 
-    def collect(self) -> MetricData | None:
-        """As `Histogram.collect`."""
+    def collect(self) -> Metric | None:
+        """As `Histogram.collect`: a monotonic Sum."""
         now = self._clock()
         with self._lock:
-            if self.temporality is Temporality.DELTA:
-                states, self._states = self._states, {}
-                start, self._last_ns = self._last_ns, now
-                points = tuple(SumPoint(s.attributes, start, now, s.value) for s in states.values())
-            else:
-                points = tuple(SumPoint(s.attributes, s.start_ns, now, s.value) for s in self._states.values())
+            states = self._states
+            if self.temporality is AggregationTemporality.DELTA:
+                self._states, self._last_ns = {}, now
+            points = [NumberDataPoint(s.attributes, s.start_ns, now, s.value) for s in states.values()]
         if not points:
             return None
-        return MetricData(self.name, self.description, self.unit, self.temporality, False, (), points)
+        return Metric(self.name, self.description, self.unit, Sum(points, self.temporality, True))
 
 
 class Meter:
@@ -391,7 +331,7 @@ class Meter:
         name: str,
         version: str,
         schema_url: str,
-        temporality: Temporality = Temporality.CUMULATIVE,
+        temporality: AggregationTemporality = AggregationTemporality.CUMULATIVE,
         *,
         clock: Callable[[], int] = time.time_ns,
         limit: int = CARDINALITY_LIMIT,
@@ -414,7 +354,9 @@ class Meter:
         self.instruments.append(c)
         return c
 
-    def collect(self) -> ScopeData | None:
+    def collect(self) -> ScopeMetrics | None:
         """Every instrument with points; None when none has any."""
-        metrics = tuple(m for m in (i.collect() for i in self.instruments) if m is not None)
-        return ScopeData(self.name, self.version, self.schema_url, metrics) if metrics else None
+        metrics = [m for m in (i.collect() for i in self.instruments) if m is not None]
+        if not metrics:
+            return None
+        return ScopeMetrics(InstrumentationScope(self.name, self.version, self.schema_url), metrics, self.schema_url)

@@ -41,6 +41,9 @@ LOGGERS: dict[str, str | None] = {
     "proxy.telemetry.otlp_delivery": None,  # ours: one record per export given up; "spans"/"metrics" in args
     "proxy.telemetry.batch_processor": "traces",  # ours: queue full, an export that raised
     "proxy.telemetry.span_pipeline": "traces",  # ours: the simple processor's export failures
+    "proxy.telemetry.metric_pipeline": "metrics",  # ours: an exporter that raised
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter": "metrics",  # the SDK's OTLP/HTTP metrics exporter
+    "opentelemetry.exporter.otlp.proto.grpc.exporter": None,  # the SDK's OTLP/gRPC exporters; "metrics" in args
 }
 _SIGNAL_WORDS = {"traces": "traces", "spans": "traces", "span": "traces", "metrics": "metrics"}
 _PHRASES = {s.phrase.lower(): f"HTTP {s.value} {s.phrase}" for s in http.HTTPStatus}

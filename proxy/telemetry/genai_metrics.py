@@ -1,13 +1,13 @@
 """GenAI semantic-convention metrics over OTLP, from finished requests.
 
 `build_meter_provider` reads the standard `OTEL_*` variables (export only when
-`OTEL_METRICS_EXPORTER=otlp` or `console`); `GenAIMetrics` is an observer of finished
+`OTEL_METRICS_EXPORTER` names exporters); `GenAIMetrics` is an observer of finished
 `RequestRecord`s. On the event loop it only appends the frozen record to a queue; a worker thread
 records it into our own histograms and counters (`aggregate.py`: a stream's chunk gaps at once),
-and the pipeline's export thread (`metric_pipeline.py`) exports them. Names, units, buckets and
-attributes are the spec's (released names by default, the latest experimental ones or both as
-`OTEL_SEMCONV_STABILITY_OPT_IN` asks: `proxy.telemetry.semconv`); what the spec has no name for
-lives under `taotrace.*`.
+and the pipeline's export thread (`metric_pipeline.py`) hands them to the SDK's exporters.
+Names, units, buckets and attributes are the spec's (released names by default, the latest
+experimental ones or both as `OTEL_SEMCONV_STABILITY_OPT_IN` asks: `proxy.telemetry.semconv`);
+what the spec has no name for lives under `taotrace.*`.
 """
 
 from __future__ import annotations
@@ -20,20 +20,14 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from opentelemetry.sdk.resources import Resource
+
 from proxy import __version__
 from proxy.dialects import Usage
 from proxy.exchange.record import RequestRecord
 from proxy.telemetry.aggregate import AttributeSet, Counter, Histogram, temporality_from_env
-from proxy.telemetry.metric_pipeline import (
-    DEFAULT_INTERVAL,
-    DEFAULT_TIMEOUT,
-    ConsoleMetricExporter,
-    MetricExporter,
-    MetricPipeline,
-    OtlpMetricExporter,
-)
+from proxy.telemetry.metric_pipeline import DEFAULT_INTERVAL, DEFAULT_TIMEOUT, MetricPipeline, exporters_from_env
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
-from proxy.telemetry.otlp_env import export_settings, resource_attributes
 from proxy.telemetry.semconv import LATEST_METRICS, RELEASED_METRICS, Conventions, MetricNames
 
 __all__ = [
@@ -93,14 +87,14 @@ class _Sets:
     phases: tuple[AttributeSet, AttributeSet, AttributeSet]  # ours with taotrace.phase network, prefill_wait, decode
 
 
-def _exporter_from_env(env: Mapping[str, str]) -> MetricExporter | None:
-    kind = env.get("OTEL_METRICS_EXPORTER", "none").split(",")[0].strip().lower()
-    if kind == "console":
-        return ConsoleMetricExporter()
-    if kind != "otlp":
-        return None  # metrics export is opt-in (the SDK's own default would be otlp)
-    settings = export_settings(env, "metrics")
-    return None if settings is None else OtlpMetricExporter(settings)
+def _resource() -> Resource:
+    """The SDK's resource from the process environment (`OTEL_SERVICE_NAME`,
+    `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPERIMENTAL_RESOURCE_DETECTORS`), with our `service.version`
+    and `service.name` `taotrace` unless those name the service."""
+    resource = Resource.create({"service.version": __version__})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):  # the SDK's default
+        resource = resource.merge(Resource({"service.name": "taotrace"}))
+    return resource
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -110,14 +104,19 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def build_meter_provider(env: Mapping[str, str] | None = None) -> MetricPipeline | None:
-    """A pipeline exporting every `OTEL_METRIC_EXPORT_INTERVAL` ms; None when export is not configured."""
+    """A pipeline exporting every `OTEL_METRIC_EXPORT_INTERVAL` ms; None when export is not
+    configured or `OTEL_SDK_DISABLED=true`. `env` chooses the exporters, the OTLP endpoint and
+    protocol, the interval, timeout and temporality; the resource and the exporters' other
+    settings (headers, compression, certificates) are the SDK's, read from the process environment."""
     env = os.environ if env is None else env
-    exporter = _exporter_from_env(env)
-    if exporter is None:
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    exporters = exporters_from_env(env)
+    if not exporters:
         return None
     return MetricPipeline(
-        resource_attributes(env, __version__),
-        exporter,
+        _resource(),
+        exporters,
         interval=_seconds(env, "OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL),
         timeout=_seconds(env, "OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT),
         temporality=temporality_from_env(env),

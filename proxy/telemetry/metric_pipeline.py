@@ -1,104 +1,107 @@
-"""Our metrics pipeline: meters (`aggregate.py`) collected every interval and handed to an exporter.
+"""Our meters (`aggregate.py`), collected every interval and handed to the SDK's metric exporters.
 
-`MetricPipeline` owns the meters of one resource and, when given an exporter, a thread that
-collects and exports every `interval` seconds (`OTEL_METRIC_EXPORT_INTERVAL`), each export bounded
-by `timeout` (`OTEL_METRIC_EXPORT_TIMEOUT`). `shutdown` exports the last interval but returns after
-its own timeout whatever the collector does. Exporters: `OtlpMetricExporter` (encoded by
-`otlp_metrics.py`, delivered and retried by `otlp_delivery.py`) and `ConsoleMetricExporter`
-(one OTLP/JSON object per line on stdout).
+`MetricPipeline` owns the meters of one resource and, when given exporters, a thread that
+collects every `interval` seconds (`OTEL_METRIC_EXPORT_INTERVAL`) and hands the points to each
+exporter as the SDK's export data (`MetricsData`), with `timeout` (`OTEL_METRIC_EXPORT_TIMEOUT`).
+`shutdown` exports the last interval but returns after its own timeout whatever the collector
+does. The exporters are OpenTelemetry's (`exporters_from_env`): OTLP over gRPC or HTTP/protobuf,
+the console, or any registered under the SDK's entry-point group; they encode, compress, send
+and retry.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TextIO
+from importlib.metadata import entry_points
 
-from proxy.telemetry.aggregate import CARDINALITY_LIMIT, Meter, ScopeData, Temporality
-from proxy.telemetry.otlp import release_gil
-from proxy.telemetry.otlp_delivery import Delivery
-from proxy.telemetry.otlp_env import ExportSettings
-from proxy.telemetry.otlp_metrics import encode_metrics, json_metrics
-from proxy.telemetry.otlp_transport import Transport
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.resources import Resource
 
-__all__ = ["ConsoleMetricExporter", "MetricExporter", "MetricPipeline", "OtlpMetricExporter"]
+from proxy.telemetry.aggregate import CARDINALITY_LIMIT, Meter
+from proxy.telemetry.otlp_env import otlp_target
+
+__all__ = ["ENTRY_POINTS", "MetricPipeline", "exporters_from_env"]
 
 log = logging.getLogger("taotrace")
+_logger = logging.getLogger(__name__)  # collector_log.LOGGERS lists it
 
 DEFAULT_INTERVAL = 60.0  # seconds: the spec's default OTEL_METRIC_EXPORT_INTERVAL
 DEFAULT_TIMEOUT = 30.0  # seconds: the spec's default OTEL_METRIC_EXPORT_TIMEOUT
+ENTRY_POINTS = "opentelemetry_metrics_exporter"  # where the SDK finds exporters by name
+# OTEL_METRICS_EXPORTER's OTLP names -> the protocol each uses unless OTEL_EXPORTER_OTLP_*PROTOCOL
+# says another (`otlp`: the spec's default, http/protobuf) ...
+_OTLP_NAMES = {"otlp": "http/protobuf", "otlp_proto_http": "http/protobuf", "otlp_proto_grpc": "grpc"}
+# ... and each protocol's exporter, by its entry-point name.
+_OTLP_EXPORTERS = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
 
 
-class MetricExporter(Protocol):
-    def export(self, resource: Mapping[str, Any], scopes: Sequence[ScopeData], timeout: float) -> bool: ...
-
-    def shutdown(self) -> None: ...
-
-
-class OtlpMetricExporter:
-    """OTLP/HTTP protobuf or OTLP/gRPC, as `settings.protocol` says; `dropped` counts exports given up."""
-
-    def __init__(
-        self,
-        settings: ExportSettings,
-        transport: Transport | None = None,
-        *,
-        monotonic: Callable[[], float] = time.monotonic,
-        jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2),
-    ) -> None:
-        self.settings = settings
-        self._delivery = Delivery(settings, "metrics", transport, monotonic=monotonic, jitter=jitter)
-        self.dropped = 0
-
-    def export(self, resource: Mapping[str, Any], scopes: Sequence[ScopeData], timeout: float) -> bool:
-        if self._delivery.stopped:
-            return False
-        if self._delivery.send(encode_metrics(resource, scopes, release_gil), timeout):
-            return True
-        self.dropped += 1
-        return False
-
-    def shutdown(self) -> None:
-        self._delivery.shutdown()
+def _exporter(name: str, env: Mapping[str, str]) -> MetricExporter | None:
+    """The exporter registered as `name`; an OTLP one only with an endpoint. None, logged, when
+    there is none to make."""
+    options: dict[str, str] = {}
+    if name in _OTLP_NAMES:
+        target = otlp_target({"OTEL_EXPORTER_OTLP_PROTOCOL": _OTLP_NAMES[name], **env}, "metrics")
+        if target is None:
+            return None  # no endpoint, no network export (the SDK's would try localhost)
+        protocol, options["endpoint"] = target
+        if protocol not in _OTLP_EXPORTERS:  # never protobuf sent where something else was asked for
+            log.warning(
+                "OTLP metrics are not exported: protocol %r is not one of OpenTelemetry's Python exporters "
+                "(grpc, http/protobuf)",
+                protocol,
+            )
+            return None
+        name = _OTLP_EXPORTERS[protocol]
+    found = list(entry_points(group=ENTRY_POINTS, name=name))
+    if not found:
+        log.warning("OTEL_METRICS_EXPORTER: no metrics exporter %r is installed (entry points %s)", name, ENTRY_POINTS)
+        return None
+    made = found[0].load()
+    if not (isinstance(made, type) and issubclass(made, MetricExporter)):
+        # A MetricReader (Prometheus') collects from SDK instruments: ours are not, and /metrics serves them.
+        log.warning("OTEL_METRICS_EXPORTER: %r is not a metrics exporter; skipped", name)
+        return None
+    factory: Callable[..., MetricExporter] = made  # an OTLP exporter takes `endpoint`
+    return factory(**options)
 
 
-class ConsoleMetricExporter:
-    """Each export as one line of OTLP/JSON on `stream` (stdout, as it is at the time of the export)."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self._stream = stream
-
-    def export(self, resource: Mapping[str, Any], scopes: Sequence[ScopeData], timeout: float) -> bool:
-        stream = self._stream or sys.stdout
-        stream.write(json.dumps(json_metrics(resource, scopes), separators=(",", ":")) + "\n")
-        stream.flush()
-        return True
-
-    def shutdown(self) -> None:
-        pass
+def exporters_from_env(env: Mapping[str, str]) -> list[MetricExporter]:
+    """`OTEL_METRICS_EXPORTER`'s exporters, a comma list (`none` by default: export is opt-in).
+    `otlp` is OTLP over the protocol `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL` or
+    `OTEL_EXPORTER_OTLP_PROTOCOL` names (`http/protobuf` by default, or `grpc`), to the endpoint
+    their `*_ENDPOINT` name (no endpoint: no OTLP exporter); the exporter reads its other
+    `OTEL_EXPORTER_OTLP_*` variables itself. Any other name is looked up as the SDK does."""
+    names = (n.strip().lower() for n in env.get("OTEL_METRICS_EXPORTER", "none").split(","))
+    made = (_exporter(name, env) for name in dict.fromkeys(names) if name not in ("", "none"))
+    return [e for e in made if e is not None]
 
 
 class MetricPipeline:
-    """Meters of one resource; with an exporter, exported every `interval` seconds from a thread of its own."""
+    """Meters of one resource; with exporters, exported every `interval` seconds from a thread of its own."""
 
     def __init__(
         self,
-        resource: Mapping[str, Any],
-        exporter: MetricExporter | None = None,
+        resource: Resource | None = None,
+        exporters: Sequence[MetricExporter] = (),
         *,
         interval: float = DEFAULT_INTERVAL,
         timeout: float = DEFAULT_TIMEOUT,
-        temporality: Temporality = Temporality.CUMULATIVE,
+        temporality: AggregationTemporality = AggregationTemporality.CUMULATIVE,
         limit: int = CARDINALITY_LIMIT,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
-        self.resource = dict(resource)
-        self.exporter = exporter
+        self.resource = Resource.get_empty() if resource is None else resource
+        self.exporters = tuple(exporters)
         self.interval = interval
         self.timeout = timeout
         self.temporality = temporality
@@ -111,7 +114,7 @@ class MetricPipeline:
         self._closed = False
         self._next_failure_log = 0.0
         self._thread: threading.Thread | None = None
-        if exporter is not None:
+        if self.exporters:
             self._thread = threading.Thread(target=self._run, name="taotrace-metrics-export", daemon=True)
             self._thread.start()
 
@@ -125,26 +128,35 @@ class MetricPipeline:
             )
         return meter
 
-    def collect(self) -> list[ScopeData]:
+    def collect(self) -> list[ScopeMetrics]:
         """Every scope with points, in the order the meters were made (delta: starts the next interval)."""
         return [s for s in (m.collect() for m in list(self._meters.values())) if s is not None]
 
     def export(self, timeout: float | None = None) -> bool:
-        """Collect and export once (nothing to send: True); False when the exporter failed."""
-        if self.exporter is None:
+        """Collect once and hand it to each exporter (nothing to send: True); False when one failed."""
+        if not self.exporters:
             return True
         with self._export_lock:
             scopes = self.collect()
             if not scopes:
                 return True
-            try:
-                return self.exporter.export(self.resource, scopes, self.timeout if timeout is None else timeout)
-            except Exception as error:  # noqa: BLE001 - an export never stops the thread
-                now = time.monotonic()
-                if now >= self._next_failure_log:  # at most one line a minute, never a traceback each interval
-                    self._next_failure_log = now + 60.0
-                    log.warning("OTLP metrics export failed: %s", type(error).__name__)
-                return False
+            data = MetricsData([ResourceMetrics(self.resource, scopes, self.resource.schema_url)])
+            millis = 1000 * (self.timeout if timeout is None else timeout)
+            ok = True
+            for exporter in self.exporters:
+                try:
+                    ok = exporter.export(data, timeout_millis=millis) is MetricExportResult.SUCCESS and ok
+                except Exception as error:  # noqa: BLE001 - an export never stops the thread
+                    ok = False
+                    now = time.monotonic()
+                    if now >= self._next_failure_log:  # at most one line a minute, never a traceback each interval
+                        self._next_failure_log = now + 60.0
+                        # The exception as an argument: collector_log makes its cause our line when
+                        # an OTLP endpoint is set (its text may name the endpoint's URL). After a
+                        # shutdown that gave up on it, the exit's own line has said what was lost.
+                        level = logging.DEBUG if self._closed else logging.WARNING
+                        _logger.log(level, "Failed to export %s: %s", "metrics", error)
+            return ok
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -163,8 +175,17 @@ class MetricPipeline:
             self._thread.join(timeout)
             finished = not self._thread.is_alive()
         self._closed = True
-        if self.exporter is not None:
-            # Ends a back-off wait still under way at once. From a thread of its own: closing the
-            # transport waits for an export stuck on a collector that accepts and never answers.
-            threading.Thread(target=self.exporter.shutdown, name="taotrace-metrics-close", daemon=True).start()
+        if self.exporters:
+            # Ends a back-off wait still under way. From a thread of its own: an exporter's
+            # shutdown may wait for an export stuck on a collector that accepts and never answers.
+            closing = threading.Thread(target=self._close, name="taotrace-metrics-close", daemon=True)
+            closing.start()
+            closing.join(min(0.1, timeout))  # an abandoned retry's last words, while collector_log listens
         return finished
+
+    def _close(self) -> None:
+        for exporter in self.exporters:
+            try:
+                exporter.shutdown()
+            except Exception:
+                _logger.debug("a metrics exporter failed to shut down", exc_info=True)

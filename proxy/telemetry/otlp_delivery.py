@@ -1,7 +1,6 @@
 """One encoded OTLP export request delivered as the spec asks: sent, and retried while retryable.
 
-Signal-agnostic: the span exporter (`span_exporter.py`) and the metrics exporter
-(`metric_pipeline.OtlpMetricExporter`) each hand it their encoded bodies. An export is retried while the spec calls
+The span exporter (`span_exporter.py`) hands it its encoded bodies. An export is retried while the spec calls
 the failure retryable (HTTP 429/502/503/504, a lost connection, gRPC UNAVAILABLE and kin), waiting
 what the collector's `Retry-After` asks on 429/503, else an exponential back-off with jitter, and
 never past the export's timeout (`OTEL_EXPORTER_OTLP_TIMEOUT`). A body that cannot be sent is the

@@ -1,7 +1,7 @@
 """Where one OTLP signal goes, from the standard `OTEL_EXPORTER_OTLP_*` variables (pure).
 
-Shared by the span exporter (`spans.py`) and the metrics exporter (`genai_metrics.py`), so both
-signals read the variables the same way.
+Shared by the span exporter (`spans.py`) and the metrics exporters (`metric_pipeline.py`: the
+endpoint and protocol), so both signals read the variables the same way.
 """
 
 from __future__ import annotations

@@ -29,10 +29,7 @@ RETRYABLE_GRPC = frozenset(
     {"CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "OUT_OF_RANGE", "UNAVAILABLE", "DATA_LOSS"}
 )
 _USER_AGENT = f"taotrace/{__version__}"
-_GRPC_METHODS = {
-    "traces": "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-}
+_GRPC_METHODS = {"traces": "/opentelemetry.proto.collector.trace.v1.TraceService/Export"}
 
 
 @dataclass(frozen=True)
