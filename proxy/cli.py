@@ -113,6 +113,23 @@ def unknown_variable_warnings(command: Command, environ: Mapping[str, str]) -> l
     ]
 
 
+# The commands whose proxy reads the OTEL_* variables.
+OTEL_COMMANDS = frozenset({"serve", "demo"})
+
+
+def otel_variable_lines(command: Command, environ: Mapping[str, str]) -> tuple[list[str], bool]:
+    """One line per `OTEL_*` variable taotrace cannot honour as set, and whether one is refused.
+    Judged before the command's module is imported: the OpenTelemetry API loads `OTEL_PROPAGATORS`
+    on import, and would end in a traceback on a name it cannot find."""
+    if command.name not in OTEL_COMMANDS:
+        return [], False
+    from proxy.telemetry.otel_variables import check, installed_names
+
+    findings = check(environ, installed_names)
+    lines = [f"taotrace {command.name}: {'error' if f.refused else 'warning'}: {f.message}" for f in findings]
+    return lines, any(f.refused for f in findings)
+
+
 def parse(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> tuple[Command, BaseModel] | None:
     """The command and its validated settings (None: no command given). Raises `UsageError`;
     argparse's own errors exit 2 with one line."""
@@ -135,6 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = selected(argv)
     if command is not None:  # before the settings are read: a misspelling may be why they fail
+        if not {"-h", "--help"} & set(argv):  # first: before any module of the command is imported
+            lines, refused = otel_variable_lines(command, os.environ)
+            for line in lines:
+                print(line, file=sys.stderr)
+            if refused:
+                return 2
         for line in unknown_variable_warnings(command, os.environ):
             print(line, file=sys.stderr)
     try:

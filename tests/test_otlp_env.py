@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from proxy.telemetry.otlp_env import otlp_target
@@ -21,9 +23,10 @@ def test_endpoint_rules_per_signal(signal: str) -> None:
     assert otlp_target(mixed, signal) == ("http/protobuf", f"http://c:4318/v1/{signal}")  # the signal's own wins
 
 
-def test_the_resource_follows_the_sdks_variables() -> None:
+def test_the_resource_follows_the_sdks_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """OTEL_RESOURCE_ATTRIBUTES (how a viewer's project or a deployment is named) reaches spans and
-    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one."""
+    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one. Set
+    in the process environment: the SDK's Resource.create() reads them there."""
     from proxy.telemetry.genai_metrics import build_meter_provider
     from proxy.telemetry.tracing import build_tracing
 
@@ -33,10 +36,15 @@ def test_the_resource_follows_the_sdks_variables() -> None:
         (grouped, "from-attrs"),
         ({**grouped, "OTEL_SERVICE_NAME": "from-name"}, "from-name"),
     ):
-        meters = build_meter_provider({**env, "OTEL_METRICS_EXPORTER": "console"})
+        for name in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
+            if name in env:
+                monkeypatch.setenv(name, env[name])
+            else:
+                monkeypatch.delenv(name, raising=False)
+        meters = build_meter_provider({**os.environ, "OTEL_METRICS_EXPORTER": "console"})
         assert meters is not None
         for attrs in (
-            build_tracing(env, export=False).resource.attributes,
+            build_tracing(os.environ).resource.attributes,
             meters.resource,
         ):
             assert attrs["service.name"] == service
