@@ -86,11 +86,10 @@ test: $(VENV)/.installed-test system-deps
 	$(PY) -m pytest -q $(ARGS)
 	@$(if $(ARGS),,$(MAKE) --no-print-directory test-otel-range)
 
-# pyproject.toml allows a range of OpenTelemetry releases (the API, the SDK and its OTLP metric
-# exporters at runtime; the encoder and protos the tests compare with). Each end gets its own venv,
-# cached by a stamp like .venv's: the runtime with the API, SDK, OTLP exporters, encoder and protos
-# of that release, and the test tools; the oldest also with gRPC at its floor. OTEL_RANGE_TESTS run
-# in each (~1 min).
+# pyproject.toml allows a range of OpenTelemetry releases (the API, the SDK and the OTLP exporter
+# package, which brings the encoder and protos the tests compare with). Each end gets its own venv,
+# cached by a stamp like .venv's: the runtime with all of them at that release, and the test
+# tools; the oldest also with gRPC at the exporter's floor. OTEL_RANGE_TESTS run in each (~1 min).
 # Moving an end of the range in pyproject.toml means moving it here too (docs/development.md).
 OTEL_OLDEST := 1.28.0
 OTEL_NEWEST := 1.45.2
@@ -101,10 +100,9 @@ GRPCIO_OLDEST := 1.63.2
 OTEL_RANGE_TESTS := tests/test_spans.py tests/test_sampling.py tests/test_propagation.py tests/test_span_equivalence.py \
   tests/test_telemetry_otlp.py tests/test_span_exporter.py tests/test_span_pipeline.py tests/test_otlp_export.py \
   tests/test_otlp_env.py tests/test_otlp_metrics.py tests/test_genai_metrics.py tests/test_aggregate.py \
-  tests/test_collector_log.py tests/test_semconv.py tests/test_telemetry_ship.py \
+  tests/test_collector_log.py tests/test_semconv.py tests/test_telemetry_ship.py tests/test_otel_variables.py \
   tests/test_workers.py::test_spans_leave_from_the_supervisor_under_each_workers_instance_id
-OTEL_PACKAGES = opentelemetry-api==$(1) opentelemetry-sdk==$(1) opentelemetry-proto==$(1) opentelemetry-exporter-otlp-proto-common==$(1) \
-  opentelemetry-exporter-otlp-proto-grpc==$(1) opentelemetry-exporter-otlp-proto-http==$(1)
+OTEL_PACKAGES = opentelemetry-api==$(1) opentelemetry-sdk==$(1) opentelemetry-exporter-otlp==$(1)
 # The test tools of [test] that OTEL_RANGE_TESTS use (the rest of [test] stays out: tests/test_packaging.py checks the names).
 OTEL_RANGE_TOOLS := pytest pytest-aiohttp pytest-timeout hypothesis trustme
 

@@ -301,6 +301,23 @@ def unknown_variable_warnings(flags: Flags, environ: Mapping[str, str]) -> list[
     return lines
 
 
+# The commands whose proxy reads the OTEL_* variables.
+OTEL_COMMANDS = frozenset({"serve", "demo"})
+
+
+def otel_variable_lines(command: Command, environ: Mapping[str, str]) -> tuple[list[str], bool]:
+    """One line per `OTEL_*` variable taotrace cannot honour as set, and whether one is refused.
+    Judged before the command's module is imported: the OpenTelemetry API loads `OTEL_PROPAGATORS`
+    on import, and would end in a traceback on a name it cannot find."""
+    if command.name not in OTEL_COMMANDS:
+        return [], False
+    from proxy.telemetry.otel_variables import check, installed_names
+
+    findings = check(environ, installed_names)
+    lines = [f"taotrace {command.name}: {'error' if f.refused else 'warning'}: {f.message}" for f in findings]
+    return lines, any(f.refused for f in findings)
+
+
 def _ignore(_line: str) -> None:
     return None
 
@@ -329,8 +346,17 @@ def parse(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = selected(argv)
+    if command is not None and not {"-h", "--help"} & set(argv):
+        # First, before any module of the command is imported (see `otel_variable_lines`).
+        lines, refused = otel_variable_lines(command, os.environ)
+        for line in lines:
+            print(line, file=sys.stderr)
+        if refused:
+            return 2
     try:
-        parsed = parse(sys.argv[1:] if argv is None else argv, warn=lambda line: print(line, file=sys.stderr))
+        parsed = parse(argv, warn=lambda line: print(line, file=sys.stderr))
     except UsageError as exc:
         for line in exc.lines:
             print(f"{exc.prog}: error: {line}", file=sys.stderr)

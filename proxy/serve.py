@@ -38,7 +38,7 @@ from proxy.server.serving import serving
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.otlp_env import span_destination
-from proxy.telemetry.tracing import Tracing
+from proxy.telemetry.tracing import Tracing, TracingError
 from proxy.ui import LiveView
 from proxy.workers.supervisor import supervising
 
@@ -231,7 +231,7 @@ def run(settings: Settings) -> int:
             run_loop(serve_group(config))
         else:
             run_loop(serve(config))
-    except CannotListen as exc:  # one line naming the address and the flag to change
+    except (CannotListen, TracingError) as exc:  # one line: the address and the flag, or the OTEL_* variable
         log.error("%s", exc)
         return 2
     except OSError as exc:

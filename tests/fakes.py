@@ -193,21 +193,28 @@ def decode_metrics(payloads: Sequence[bytes]) -> list[object]:
 
 @dataclass
 class OTLPSink:
-    """A real OTLP/HTTP receiver on port 0 (traces and metrics); keeps the raw protobuf payloads."""
+    """A real OTLP/HTTP receiver on port 0 (traces and metrics); keeps the protobuf payloads
+    (aiohttp's server decompresses gzip and deflate bodies, as a collector does) and the
+    `Content-Encoding` each came with."""
 
     payloads: list[bytes] = field(default_factory=list)
     metric_payloads: list[bytes] = field(default_factory=list)
+    encodings: list[str] = field(default_factory=list)
     url: str = ""
     status: int = 200
     _runner: web.AppRunner | None = None
 
     async def start(self) -> OTLPSink:
+        async def read(request: web.Request) -> bytes:
+            self.encodings.append(request.headers.get("Content-Encoding", ""))
+            return await request.read()
+
         async def traces(request: web.Request) -> web.StreamResponse:
-            self.payloads.append(await request.read())
+            self.payloads.append(await read(request))
             return web.Response(status=self.status, body=b"", content_type="application/x-protobuf")
 
         async def metrics(request: web.Request) -> web.StreamResponse:
-            self.metric_payloads.append(await request.read())
+            self.metric_payloads.append(await read(request))
             return web.Response(status=self.status, body=b"", content_type="application/x-protobuf")
 
         app = web.Application(client_max_size=64 << 20)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from proxy.telemetry.otlp_env import otlp_target
@@ -23,8 +25,8 @@ def test_endpoint_rules_per_signal(signal: str) -> None:
 
 def test_the_resource_follows_the_sdks_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """OTEL_RESOURCE_ATTRIBUTES (how a viewer's project or a deployment is named) reaches spans and
-    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one.
-    (The metrics' resource is the SDK's `Resource.create`, which reads the process environment.)"""
+    metrics; OTEL_SERVICE_NAME wins over its service.name; `taotrace` when neither names one. Set
+    in the process environment: the SDK's Resource.create() reads them there."""
     from proxy import __version__
     from proxy.telemetry.genai_metrics import build_meter_provider
     from proxy.telemetry.tracing import build_tracing
@@ -39,11 +41,11 @@ def test_the_resource_follows_the_sdks_variables(monkeypatch: pytest.MonkeyPatch
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        meters = build_meter_provider({**env, "OTEL_METRICS_EXPORTER": "console"})
+        meters = build_meter_provider({**os.environ, "OTEL_METRICS_EXPORTER": "console"})
         assert meters is not None
         assert meters.resource.attributes["service.version"] == __version__
         for attrs in (
-            build_tracing(env, export=False).resource.attributes,
+            build_tracing(os.environ, export=False).resource.attributes,
             meters.resource.attributes,
         ):
             assert attrs["service.name"] == service

@@ -178,17 +178,35 @@ def _floor(requirements: list[str], name: str) -> str:
 
 def test_the_opentelemetry_range_is_the_one_make_tests() -> None:
     """pyproject.toml's ranges start where `make test-otel-range`'s oldest venv pins them, and its
-    newest venv is inside them; it installs no test tool that [test] does not list."""
+    newest venv is inside them; it installs no test tool that [test] does not list. The API, the
+    SDK and the exporter package share their release numbers (the exporter pins the SDK's minor)."""
     make = _make_variables((ROOT / "Makefile").read_text())
     runtime, test = PROJECT["dependencies"], PROJECT["optional-dependencies"]["test"]
-    for name in (
-        "opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-grpc",
-        "opentelemetry-exporter-otlp-proto-http",
-    ):  # fmt: skip
+    for name in ("opentelemetry-api", "opentelemetry-sdk", "opentelemetry-exporter-otlp"):
         assert _floor(runtime, name) == make["OTEL_OLDEST"], name
-    for name in ("opentelemetry-exporter-otlp-proto-common", "opentelemetry-proto"):
-        assert _floor(test, name) == make["OTEL_OLDEST"], name
-    assert _floor(runtime, "grpcio") == make["GRPCIO_OLDEST"]
+        assert name in make["OTEL_PACKAGES"]
     oldest, newest = (tuple(int(p) for p in make[v].split(".")) for v in ("OTEL_OLDEST", "OTEL_NEWEST"))
     assert oldest < newest < (2,)
     assert set(make["OTEL_RANGE_TOOLS"].split()) <= _names(test)
+    assert not {n for n in _names(test) if n.startswith("opentelemetry")}  # the runtime brings them all
+
+
+def test_grpcio_comes_with_the_exporter_at_the_floor_the_oldest_end_tests() -> None:
+    """No direct grpcio pin: the OTLP exporter package's gRPC exporter brings it, and its floor
+    (for this Python) is the one `make test-otel-range`'s oldest venv installs."""
+    make = _make_variables((ROOT / "Makefile").read_text())
+    assert "grpcio" not in _names(PROJECT["dependencies"])
+    assert "grpcio" in _closure({"opentelemetry-exporter-otlp"})
+    requires = importlib.metadata.requires("opentelemetry-exporter-otlp-proto-grpc") or []
+    grpcio = [r for r in requires if _name(r) == "grpcio"]
+    here = [r.split(";", 1)[0] for r in grpcio if ";" not in r or _marker_holds(r.split(";", 1)[1])]
+    floors = [re.findall(r">=\s*([\d.]+)", r) for r in here]
+    assert floors == [[make["GRPCIO_OLDEST"]]]
+
+
+def _marker_holds(marker: str) -> bool:
+    """An environment marker of the form `python_version < '3.13'` (or ==, >=), for this Python."""
+    found = re.fullmatch(r"\s*python_version\s*(<|==|>=)\s*'([\d.]+)'\s*", marker)
+    assert found, marker
+    here, there = sys.version_info[:2], tuple(int(p) for p in found[2].split("."))
+    return {"<": here < there, "==": here == there, ">=": here >= there}[found[1]]

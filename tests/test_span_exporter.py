@@ -7,9 +7,11 @@ from __future__ import annotations
 import gzip
 import http.server
 import logging
+import re
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from proxy.telemetry.batch_processor import BatchSpanProcessor
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.otlp_env import export_settings
-from proxy.telemetry.otlp_transport import retry_after_seconds
+from proxy.telemetry.otlp_transport import GrpcTransport, retry_after_seconds
 from proxy.telemetry.span_exporter import OtlpSpanExporter, backoff
 from proxy.telemetry.spandata import Resource, Scope, SpanData
 from proxy.telemetry.tracing import build_tracing
@@ -129,6 +131,15 @@ def test_headers_path_and_gzip_come_from_the_variables(collector: Collector) -> 
     assert headers["authorization"] == "Bearer k2" and "x-other" not in headers
     assert headers["content-encoding"] == "gzip"
     assert ExportTraceServiceRequest.FromString(gzip.decompress(body)) == EXPECTED
+    ours.shutdown()
+
+
+def test_deflate_is_a_zlib_stream_as_the_sdks_http_exporter_sends(collector: Collector) -> None:
+    ours = exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "DEFLATE"})
+    assert ours.export(SPANS) is True
+    headers, body = collector.got[0]
+    assert headers["content-encoding"] == "deflate"
+    assert ExportTraceServiceRequest.FromString(zlib.decompress(body)) == EXPECTED
     ours.shutdown()
 
 
@@ -237,20 +248,40 @@ def test_settings_from_the_variables() -> None:
         },
         "traces",
     )
-    assert s is not None and (s.protocol, s.endpoint, s.insecure, s.timeout, s.gzip) == (
+    assert s is not None and (s.protocol, s.endpoint, s.insecure, s.timeout, s.compression) == (
         "grpc",
         "collector:4317",
         True,
         2.5,
-        True,
+        "gzip",
     )
     s = export_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "x"}, "traces")
-    assert s is not None and (s.endpoint, s.insecure, s.timeout, s.gzip) == (
+    assert s is not None and (s.endpoint, s.insecure, s.timeout, s.compression) == (
         "https://c:4318/v1/traces",
         False,
         10.0,
-        False,
+        "",
     )
+    # An exporter named for its protocol (the OTLP package's entry point names) fixes it.
+    forced = export_settings(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+        "traces",
+        "http/protobuf",
+    )
+    assert forced is not None and (forced.protocol, forced.endpoint) == ("http/protobuf", "http://c:4318/v1/traces")
+
+
+@pytest.mark.parametrize(
+    "variable,value,said",
+    [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "OTLP protocol 'http/json' is not supported: use grpc or http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "thrift", "OTLP protocol 'thrift' is not supported: use grpc or http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "br", "OTLP compression 'br' is not supported: use gzip, deflate, none"),
+    ],
+)  # fmt: skip
+def test_what_we_cannot_send_is_refused_never_sent_as_something_else(variable: str, value: str, said: str) -> None:
+    with pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
+        export_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", variable: value}, "traces")
 
 
 class _GrpcCollector:
@@ -297,6 +328,25 @@ def test_grpc_sends_the_same_request_and_retries_unavailable(grpc_collector: tup
     state.codes = [grpc.StatusCode.INVALID_ARGUMENT]  # final: not retried
     assert ours.export(SPANS) is False
     assert len(state.got) == 3
+    ours.shutdown()
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_grpc_compresses_as_asked(grpc_collector: tuple[str, _GrpcCollector], compression: str) -> None:
+    """The call is compressed by gRPC itself (`grpc-encoding`); the collector gets the same request."""
+    url, state = grpc_collector
+    ours = exporter(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": compression,
+        }
+    )
+    assert ours.export(SPANS) is True
+    assert [ExportTraceServiceRequest.FromString(b) for b, _ in state.got] == [EXPECTED]
+    transport = ours._delivery._transport
+    assert isinstance(transport, GrpcTransport)
+    assert transport._compression == {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}[compression]
     ours.shutdown()
 
 

@@ -7,7 +7,6 @@ import asyncio
 import io
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -18,13 +17,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExporter as SdkSpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter as SdkMemoryExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from proxy.telemetry.batch_processor import BatchSettings, BatchSpanProcessor, batch_settings
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.otlp_env import export_settings
 from proxy.telemetry.span_exporter import OtlpSpanExporter
-from proxy.telemetry.span_pipeline import ConsoleSpanExporter, InMemorySpanExporter, SimpleSpanProcessor
+from proxy.telemetry.span_pipeline import (
+    FanOutSpanProcessor,
+    InMemorySpanExporter,
+    LibrarySpanExporter,
+    SimpleSpanProcessor,
+)
 from proxy.telemetry.spandata import Resource, Scope, SpanData
 from tests.fakes import OTLPSink
 
@@ -92,41 +99,110 @@ def test_simple_processor_never_raises() -> None:
     assert exporter.shut == 1
 
 
-def test_console_writes_one_json_object_per_span_per_line() -> None:
+def console_objects(text: str) -> list[dict[str, Any]]:
+    """The JSON objects the SDK's ConsoleSpanExporter printed (each indented, one after another)."""
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        obj, at = decoder.raw_decode(text, at)
+        objects.append(obj)
+    return objects
+
+
+def test_the_sdks_console_exporter_prints_our_spans_through_the_adapter() -> None:
+    """`OTEL_TRACES_EXPORTER=console` is the SDK's exporter: our spans reach it as `ReadableSpan`s."""
     out = io.StringIO()
     root = span(
         1,
         parent=SpanContext(TRACE_ID, 0xFEED, True, TraceFlags(1)),
         context=SpanContext(TRACE_ID, 0x1001, False, TraceFlags(1), TraceState([("ot", "th:8")])),
-        attributes={"s": "é", "t": ("stop", "length"), "f": math.inf, "b": b"\x01\x02", "ok": True},
+        attributes={"s": "é", "t": ("stop", "length"), "ok": True},
         status=Status(StatusCode.ERROR, "upstream_error"),
         links=(Link(SpanContext(0xAB, 7, True, TraceFlags(1)), {"k": 1}),),
     )
     child = span(2, name="decode", kind=SpanKind.INTERNAL, parent=root.context, attributes={})
-    assert ConsoleSpanExporter(out).export([root, child])
-    first, second = (json.loads(line) for line in out.getvalue().splitlines())
-    assert first["name"] == "chat gpt-4o-mini" and first["kind"] == "CLIENT"
-    assert (first["trace_id"], first["span_id"], first["parent_span_id"]) == (
-        f"{TRACE_ID:032x}", f"{0x1001:016x}", f"{0xFEED:016x}"
+    assert LibrarySpanExporter(ConsoleSpanExporter(out=out)).export([root, child])
+    first, second = console_objects(out.getvalue())
+    assert first["name"] == "chat gpt-4o-mini" and first["kind"] == "SpanKind.CLIENT"
+    assert (first["context"]["trace_id"], first["context"]["span_id"], first["parent_id"]) == (
+        f"0x{TRACE_ID:032x}", f"0x{0x1001:016x}", f"0x{0xFEED:016x}"
     )  # fmt: skip
-    assert first["parent_is_remote"] is True and first["trace_state"] == "ot=th:8"
-    assert first["start_time"] == "2023-11-14T22:13:20.123456789Z"
-    assert first["start_time_unix_nano"] == 1_700_000_000_123_456_789
-    assert first["end_time"] == "2023-11-14T22:13:21.000000001Z"
-    assert first["attributes"] == {"s": "é", "t": ["stop", "length"], "f": "inf", "b": "0102", "ok": True}
-    assert first["status"] == {"code": "ERROR", "description": "upstream_error"}
-    assert first["links"] == [
-        {"trace_id": f"{0xAB:032x}", "span_id": f"{7:016x}", "trace_state": "", "is_remote": True,
-         "attributes": {"k": 1}}
-    ]  # fmt: skip
+    assert first["start_time"] == "2023-11-14T22:13:20.123457Z"  # the SDK prints microseconds
+    assert first["attributes"] == {"s": "é", "t": ["stop", "length"], "ok": True}
+    assert first["status"] == {"status_code": "ERROR", "description": "upstream_error"}
+    assert first["links"][0]["context"]["trace_id"] == f"0x{0xAB:032x}" and first["links"][0]["attributes"] == {"k": 1}
     assert first["resource"] == {"attributes": {"service.name": "taotrace"}, "schema_url": RESOURCE.schema_url}
-    assert (second["name"], second["kind"], second["parent_span_id"]) == ("decode", "INTERNAL", first["span_id"])
+    assert (second["name"], second["kind"], second["parent_id"]) == ("decode", "SpanKind.INTERNAL", f"0x{0x1001:016x}")
 
 
-def test_console_on_a_closed_stream_fails_without_raising() -> None:
-    out = io.StringIO()
-    out.close()
-    assert ConsoleSpanExporter(out).export([span()]) is False
+def test_the_adapter_gives_sdk_exporters_every_field_of_our_spans() -> None:
+    got = SdkMemoryExporter()
+    ours = span(
+        3,
+        parent=SpanContext(TRACE_ID, 0xFEED, True, TraceFlags(1)),
+        status=Status(StatusCode.ERROR, "timeout"),
+        links=(Link(SpanContext(0xAB, 7, True, TraceFlags(1))),),
+        dropped_attributes=4,
+        instrumentation_scope=Scope("taotrace", "1.2.3", "https://opentelemetry.io/schemas/gen-ai/0.1.0"),
+    )
+    adapter = LibrarySpanExporter(got)
+    assert adapter.export([ours, span(4)])
+    first, second = got.get_finished_spans()
+    assert (first.name, first.context, first.parent, first.kind) == (ours.name, ours.context, ours.parent, ours.kind)
+    assert (first.start_time, first.end_time, first.status.status_code) == (
+        ours.start_time,
+        ours.end_time,
+        StatusCode.ERROR,
+    )
+    assert dict(first.attributes or {}) == ours.attributes and first.dropped_attributes == 4
+    assert [link.context for link in first.links] == [SpanContext(0xAB, 7, True, TraceFlags(1))]
+    assert (dict(first.resource.attributes), first.resource.schema_url) == (
+        dict(RESOURCE.attributes),
+        RESOURCE.schema_url,
+    )
+    scope = first.instrumentation_scope
+    assert scope is not None and (scope.name, scope.version, scope.schema_url) == (
+        "taotrace", "1.2.3", "https://opentelemetry.io/schemas/gen-ai/0.1.0"
+    )  # fmt: skip
+    assert second.resource is first.resource  # converted once per resource
+    assert second.dropped_attributes == 0
+
+
+class SdkFailing(SdkSpanExporter):
+    """An SDK exporter that fails: by its result, then by raising."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        self.calls += 1
+        if self.calls == 1:
+            return SpanExportResult.FAILURE
+        raise RuntimeError("zipkin exploded")
+
+    def shutdown(self) -> None:
+        raise RuntimeError("and again")
+
+
+def test_a_failing_sdk_exporter_is_a_failed_export_never_a_raise(caplog: pytest.LogCaptureFixture) -> None:
+    adapter = LibrarySpanExporter(SdkFailing())
+    assert adapter.export([span()]) is False
+    with caplog.at_level(logging.WARNING):
+        assert adapter.export([span()]) is False
+        adapter.shutdown()
+    assert "span export through SdkFailing failed: RuntimeError" in caplog.text
+    assert "zipkin exploded" not in caplog.text  # the type only: a plug-in's message may carry a URL
+
+
+def test_fan_out_hands_each_span_to_every_processor_and_stops_them_all() -> None:
+    a, b = InMemorySpanExporter(), InMemorySpanExporter()
+    fan = FanOutSpanProcessor([SimpleSpanProcessor(a), SimpleSpanProcessor(b)])
+    s = span()
+    fan.on_end(s)
+    assert a.get_finished_spans() == b.get_finished_spans() == (s,)
+    assert fan.force_flush(1.0) and fan.shutdown(1.0)
+    fan.on_end(span(2))
+    assert a.get_finished_spans() == b.get_finished_spans() == (s,)
 
 
 # -- the batch processor -------------------------------------------------------------------------

@@ -249,6 +249,80 @@ def test_serve_warns_of_a_misspelled_variable_with_the_name_meant_never_the_valu
 
 
 @pytest.mark.parametrize(
+    "command,variable,value,said",
+    [
+        ("serve", "OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "OTEL_EXPORTER_OTLP_PROTOCOL=http/json is not supported (nor by OpenTelemetry's Python exporters): use grpc or http/protobuf"),
+        ("serve", "OTEL_TRACES_EXPORTER", "otlp,zipkin", "OTEL_TRACES_EXPORTER names 'zipkin', which no installed package provides (an entry point in opentelemetry_traces_exporter): install its exporter, or leave it out"),
+        # The OpenTelemetry API loads these when it is imported: a traceback, were they not judged first.
+        ("serve", "OTEL_PROPAGATORS", "tracecontext,b3nowhere", "OTEL_PROPAGATORS names 'b3nowhere', which no installed package provides (an entry point in opentelemetry_propagator): install it (e.g. opentelemetry-propagator-b3), or leave it out"),
+        ("serve", "OTEL_BSP_SCHEDULE_DELAY", "5s", "OTEL_BSP_SCHEDULE_DELAY='5s' is not a positive integer"),
+        ("demo", "OTEL_EXPORTER_OTLP_COMPRESSION", "br", "OTEL_EXPORTER_OTLP_COMPRESSION='br' is not one of gzip, deflate, none"),
+    ],
+)  # fmt: skip
+def test_an_otel_variable_taotrace_cannot_honour_stops_it_in_one_line(
+    command: str, variable: str, value: str, said: str
+) -> None:
+    status, stderr, took = _taotrace(command, "--port", "0", env=_env(**{variable: value}))
+    assert (status, stderr.splitlines()) == (2, [f"taotrace {command}: error: {said}"])
+    assert took < REFUSED_WITHIN
+
+
+@pytest.mark.parametrize("mode", ["one process", "--workers 2"])
+def test_an_exporter_that_cannot_start_stops_serve_in_one_line(mode: str, tmp_path: Path) -> None:
+    """Installed (the variables' check passes), but it fails when made: the same one line, exit 2."""
+    (tmp_path / "broken_exporter.py").write_text(
+        "from opentelemetry.sdk.trace.export import SpanExporter\n"
+        "class Broken(SpanExporter):\n"
+        "    def __init__(self):\n"
+        "        raise RuntimeError('no endpoint configured')\n"
+    )
+    info = tmp_path / "broken_exporter-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-exporter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[opentelemetry_traces_exporter]\nbroken = broken_exporter:Broken\n")
+    env = _env(OTEL_TRACES_EXPORTER="broken", PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}")
+    status, stderr, took = _taotrace("serve", "--port", "0", "--metrics-port", "0", *MODES[mode], env=env)
+    assert status == 2, stderr
+    lines = [LOG_PREFIX.sub("", line) for line in stderr.splitlines()]
+    assert lines == ["OTEL_TRACES_EXPORTER=broken: the exporter could not start (RuntimeError)"]
+    assert took < REFUSED_WITHIN
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["one process", "--workers 2"])
+def test_otel_variables_taotrace_does_not_honour_are_warned_about_once(mode: str, tmp_path: Path) -> None:
+    """Said once by the command (a group's workers inherit the environment, judged in the parent),
+    and the start goes on; an exporter plug-in and the console are both named in the start-up line."""
+    info = tmp_path / "fake_exporter-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-exporter\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[opentelemetry_traces_exporter]\nfakezipkin = opentelemetry.sdk.trace.export:ConsoleSpanExporter\n"
+    )
+    env = _env(
+        OTEL_LOGS_EXPORTER="otlp", OTEL_SERVCE_NAME="not-shown", OTEL_TRACES_EXPORTER="console,fakezipkin",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}",
+    )  # fmt: skip
+    serving = _Serving("--port", "0", "--metrics-port", "0", *MODES[mode], env=env)
+    try:
+        line = serving.started()
+        text = serving.text()
+    finally:
+        assert serving.stop() == 0
+    assert [x for x in text.splitlines() if "warning:" in x or "WARNING" in x] == [
+        "taotrace serve: warning: OTEL_LOGS_EXPORTER is not honoured: taotrace sends no logs through OpenTelemetry "
+        "(its log lines go to stderr)",
+        "taotrace serve: warning: OTEL_SERVCE_NAME is not an OpenTelemetry variable taotrace knows, and is ignored; "
+        "did you mean OTEL_SERVICE_NAME?",
+    ]
+    assert line.endswith(
+        "; spans printed to stdout (OTEL_TRACES_EXPORTER=console) and through the fakezipkin exporter "
+        "(OTEL_TRACES_EXPORTER=fakezipkin, its own settings)"
+    ), line
+    assert "not-shown" not in text
+
+
+@pytest.mark.parametrize(
     "command,variable,meant",
     [
         ("sim", "TAOTRACE_SIM_TIMESCALE", "TAOTRACE_SIM_TIME_SCALE"),
@@ -292,6 +366,12 @@ def test_known_names_of_any_command_are_not_warned_about_and_strangers_get_no_gu
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "spans to http://c:4317 (OTLP grpc)"),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "u:p@c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "spans to c:4317 (OTLP grpc)"),
         ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://u:p@[::1]:4318/v1/traces?k=v#f"}, "spans to https://[::1]:4318/v1/traces (OTLP http/protobuf)"),
+        # A list: every exporter, in order; one named for its protocol fixes it.
+        ({"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "spans to http://c:4318/v1/traces (OTLP http/protobuf) and printed to stdout (OTEL_TRACES_EXPORTER=console)"),
+        ({"OTEL_TRACES_EXPORTER": "console,otlp"}, "spans printed to stdout (OTEL_TRACES_EXPORTER=console); not over OTLP (set OTEL_EXPORTER_OTLP_ENDPOINT)"),
+        ({"OTEL_TRACES_EXPORTER": "otlp_proto_grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "spans to http://c:4317 (OTLP grpc)"),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "spans through the zipkin exporter (OTEL_TRACES_EXPORTER=zipkin, its own settings)"),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "spans not exported (OTEL_SDK_DISABLED=true)"),
     ],
 )  # fmt: skip
 def test_span_destination_as_the_exporter_resolves_it(env: dict[str, str], said: str) -> None:

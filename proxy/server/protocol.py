@@ -25,7 +25,7 @@ Private or undocumented aiohttp names used (`AIOHTTP_INTERNALS`), and why:
 - `BaseRequest.writer.output_size`: whether the response has started (then no error answer).
 - `http_exceptions.HttpProcessingError.message` and its C parser's `"<what>:\n\n  b'<line>'"`
   layout: only `<what>` is shown; `http_exceptions.LineTooLong`: oversize lines answer 431.
-- `web.Server.pre_shutdown` (proxy/serve.py's drain): closes idle keep-alive connections.
+- `web.Server.pre_shutdown` (proxy/server/serving.py's drain): closes idle keep-alive connections.
 - `web.StreamResponse._send_headers_immediately`: False in `RelayedResponse`, so `prepare()`
   leaves the serialized head in the writer; the relay sends it with the body bytes that came
   with the upstream's head (`StreamWriter.write`), or alone at once (`send_headers()`).

@@ -1,6 +1,7 @@
-"""Where one OTLP signal goes, from the standard `OTEL_EXPORTER_OTLP_*` variables (pure).
+"""Where one OTLP signal goes, from the standard `OTEL_EXPORTER_OTLP_*` variables, and the
+`OTEL_TRACES_EXPORTER` list and `OTEL_SDK_DISABLED` (pure).
 
-Shared by the span exporter (`spans.py`) and the metrics exporters (`metric_pipeline.py`: the
+Shared by the span exporters (`tracing.py`) and the metrics exporters (`metric_pipeline.py`: the
 endpoint and protocol), so both signals read the variables the same way.
 """
 
@@ -11,20 +12,58 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 __all__ = [
+    "COMPRESSIONS",
+    "OWN_OTLP",
+    "PROTOCOLS",
     "ExportSettings",
     "export_settings",
+    "exporter_names",
     "otlp_target",
     "resource_attributes",
+    "sdk_disabled",
     "shown_endpoint",
     "span_destination",
-    "traces_exporter",
 ]
 
 DEFAULT_TIMEOUT = 10.0  # seconds, the Python SDK's default for OTEL_EXPORTER_OTLP_TIMEOUT
+PROTOCOLS = ("grpc", "http/protobuf")  # what our OTLP exporters send (http/json: neither do the SDK's)
+COMPRESSIONS = ("gzip", "deflate", "none")  # OTEL_EXPORTER_OTLP_COMPRESSION, as the SDK's exporters take it
+# The exporter names our own OTLP exporter answers to, and the protocol each one fixes (None: the
+# OTEL_EXPORTER_OTLP_*PROTOCOL variables say). The two long names are the OTLP exporter
+# package's own entry points; the SDK maps `otlp` to one of them by the protocol.
+OWN_OTLP: dict[str, str | None] = {"otlp": None, "otlp_proto_grpc": "grpc", "otlp_proto_http": "http/protobuf"}
+
+
+def sdk_disabled(env: Mapping[str, str]) -> bool:
+    """`OTEL_SDK_DISABLED=true` (case-insensitive, as the specification reads booleans): no span
+    and no metric is exported, and the proxy starts no span (the caller's trace headers go
+    upstream untouched)."""
+    return env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
+def exporter_names(
+    env: Mapping[str, str], variable: str = "OTEL_TRACES_EXPORTER", default: str = "otlp"
+) -> tuple[str, ...]:
+    """The exporters a comma list names, in order, each once (`otlp` for spans by default, as
+    the SDK's); `none` (alone) is none. `otlp`, `none` and `console` are read in any case; any
+    other name is an entry point's, whose case matters. Raises ValueError for `none` among others."""
+    names: list[str] = []
+    for part in env.get(variable, default).split(","):
+        name = part.strip()
+        if name.lower() in (*OWN_OTLP, "none", "console"):
+            name = name.lower()
+        if name and name not in names:
+            names.append(name)
+    if "none" in names:
+        if len(names) > 1:
+            raise ValueError(f"{variable} lists none with other exporters: name the exporters, or none alone")
+        return ()
+    return tuple(names)
 
 
 def resource_attributes(env: Mapping[str, str], version: str) -> dict[str, str]:
-    """The resource's attributes from `env` (spans and metrics alike), as the SDK's own rules rank
+    """The OTLP metrics' resource attributes from `env` (the spans' are the SDK's
+    `Resource.create()`: `tracing.resource_from_env`, which the metrics are to use too), as the SDK's own rules rank
     them: `telemetry.sdk.*` (who encoded them: taotrace's own pipeline), those of
     `OTEL_RESOURCE_ATTRIBUTES` (`k=v,k2=v2`, percent-encoded), then `OTEL_SERVICE_NAME` over their
     `service.name`; `taotrace` when neither names the service."""
@@ -45,17 +84,13 @@ def resource_attributes(env: Mapping[str, str], version: str) -> dict[str, str]:
     return attributes
 
 
-def traces_exporter(env: Mapping[str, str]) -> str:
-    """`OTEL_TRACES_EXPORTER`'s first entry (`otlp` by default, as the SDK's)."""
-    return env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip().lower()
-
-
-def otlp_target(env: Mapping[str, str], signal: str) -> tuple[str, str] | None:
+def otlp_target(env: Mapping[str, str], signal: str, protocol: str | None = None) -> tuple[str, str] | None:
     """(protocol, endpoint) for `signal` ("traces" or "metrics"); None when no endpoint is set.
 
-    The signal's own variables win over the generic ones. Per the spec, over HTTP the generic
+    The signal's own variables win over the generic ones; `protocol`, when given, over both (an
+    exporter named `otlp_proto_grpc` or `otlp_proto_http`). Per the spec, over HTTP the generic
     endpoint gets `/v1/<signal>` appended while the signal's own endpoint is used as is; gRPC
-    takes either as is.
+    takes either as is. The protocol is returned as set: `export_settings` refuses what we do not send.
     """
     upper = signal.upper()
     specific = env.get(f"OTEL_EXPORTER_OTLP_{upper}_ENDPOINT")
@@ -63,8 +98,15 @@ def otlp_target(env: Mapping[str, str], signal: str) -> tuple[str, str] | None:
     if not (specific or generic):
         return None  # no endpoint: no network export is attempted
     protocol = (
-        env.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    ).lower()
+        (
+            protocol
+            or env.get(f"OTEL_EXPORTER_OTLP_{upper}_PROTOCOL")
+            or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        )
+        .strip()
+        .lower()
+    )
     if protocol == "grpc":
         return protocol, specific or generic or ""
     return protocol, specific or f"{(generic or '').rstrip('/')}/v1/{signal}"
@@ -86,17 +128,33 @@ def shown_endpoint(endpoint: str) -> str:
 
 
 def span_destination(env: Mapping[str, str]) -> str:
-    """Where spans go, in words, as `tracing.build_tracing` resolves it from `env`."""
-    kind = traces_exporter(env)
-    if kind == "none":
+    """Where spans go, in words, for every exporter `OTEL_TRACES_EXPORTER` lists, as
+    `tracing.build_tracing` resolves them from `env` (a list it would refuse is not described)."""
+    if sdk_disabled(env):
+        return "spans not exported (OTEL_SDK_DISABLED=true)"
+    try:
+        names = exporter_names(env)
+    except ValueError:
+        names = ()
+    if not names:
         return "spans not exported (OTEL_TRACES_EXPORTER=none)"
-    if kind == "console":
-        return "spans printed to stdout (OTEL_TRACES_EXPORTER=console)"
-    target = otlp_target(env, "traces")
-    if target is None:
+    going, missing = [], False
+    for name in names:
+        if name in OWN_OTLP:
+            target = otlp_target(env, "traces", OWN_OTLP[name])
+            if target is None:
+                missing = True
+            else:
+                protocol, endpoint = target
+                going.append(f"to {shown_endpoint(endpoint)} (OTLP {protocol})")
+        elif name == "console":
+            going.append("printed to stdout (OTEL_TRACES_EXPORTER=console)")
+        else:
+            going.append(f"through the {name} exporter (OTEL_TRACES_EXPORTER={name}, its own settings)")
+    if not going:
         return "spans not exported (set OTEL_EXPORTER_OTLP_ENDPOINT)"
-    protocol, endpoint = target
-    return f"spans to {shown_endpoint(endpoint)} (OTLP {'grpc' if protocol == 'grpc' else 'http/protobuf'})"
+    unsent = "; not over OTLP (set OTEL_EXPORTER_OTLP_ENDPOINT)" if missing else ""
+    return f"spans {' and '.join(going)}{unsent}"
 
 
 @dataclass(frozen=True)
@@ -107,7 +165,7 @@ class ExportSettings:
     endpoint: str
     headers: tuple[tuple[str, str], ...]
     timeout: float  # seconds for one export, retries included
-    gzip: bool
+    compression: str  # "gzip", "deflate" or "" (none)
     certificate: str | None  # a CA bundle to trust instead of the system's
     client_certificate: str | None
     client_key: str | None
@@ -134,12 +192,14 @@ def _timeout(text: str | None) -> float:
     return value if 0 < value < float("inf") else DEFAULT_TIMEOUT
 
 
-def export_settings(env: Mapping[str, str], signal: str) -> ExportSettings | None:
+def export_settings(env: Mapping[str, str], signal: str, protocol: str | None = None) -> ExportSettings | None:
     """The settings for `signal` ("traces" or "metrics"); None when no endpoint is set.
 
-    For each variable the signal's own (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`) wins over the generic one.
+    For each variable the signal's own (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`) wins over the generic
+    one; `protocol`, when given, over both. Raises ValueError for a protocol or a compression we
+    do not send (never silently another).
     """
-    target = otlp_target(env, signal)
+    target = otlp_target(env, signal, protocol)
     if target is None:
         return None
     protocol, endpoint = target
@@ -148,14 +208,19 @@ def export_settings(env: Mapping[str, str], signal: str) -> ExportSettings | Non
     def read(name: str) -> str | None:
         return env.get(f"OTEL_EXPORTER_OTLP_{upper}_{name}") or env.get(f"OTEL_EXPORTER_OTLP_{name}") or None
 
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"OTLP protocol {protocol[:32]!r} is not supported: use {' or '.join(PROTOCOLS)}")
+    compression = (read("COMPRESSION") or "none").strip().lower()
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"OTLP compression {compression[:32]!r} is not supported: use {', '.join(COMPRESSIONS)}")
     scheme = endpoint.split("://", 1)[0].lower() if "://" in endpoint else ""
     insecure = scheme == "http" or (not scheme and (read("INSECURE") or "").strip().lower() == "true")
     return ExportSettings(
-        protocol="grpc" if protocol == "grpc" else "http/protobuf",
+        protocol=protocol,
         endpoint=endpoint,
         headers=_headers(read("HEADERS") or ""),
         timeout=_timeout(read("TIMEOUT")),
-        gzip=(read("COMPRESSION") or "").strip().lower() == "gzip",
+        compression="" if compression == "none" else compression,
         certificate=read("CERTIFICATE"),
         client_certificate=read("CLIENT_CERTIFICATE"),
         client_key=read("CLIENT_KEY"),

@@ -13,6 +13,7 @@ import gzip
 import http.client
 import ssl
 import threading
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -65,6 +66,16 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
+def _compressed(body: bytes, compression: str) -> bytes:
+    """The body as `Content-Encoding: compression` says (the SDK's HTTP exporter's levels: gzip 6,
+    deflate zlib's default, a zlib stream as HTTP's `deflate` is)."""
+    if compression == "gzip":
+        return gzip.compress(body, 6)
+    if compression == "deflate":
+        return zlib.compress(body)
+    return body
+
+
 def _ssl_context(settings: ExportSettings) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=settings.certificate)
     if settings.client_certificate:
@@ -85,11 +96,11 @@ class HttpTransport:
         self._port = parts.port or (443 if self._https else 80)
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._context = _ssl_context(settings) if self._https else None
-        self._gzip = settings.gzip
+        self._compression = settings.compression
         self._headers = {
             "Content-Type": "application/x-protobuf",
             "User-Agent": _USER_AGENT,
-            **({"Content-Encoding": "gzip"} if settings.gzip else {}),
+            **({"Content-Encoding": settings.compression} if settings.compression else {}),
             **dict(settings.headers),
         }
         self._now = clock  # Unix time, for an HTTP-date Retry-After
@@ -110,7 +121,7 @@ class HttpTransport:
         return conn
 
     def send(self, body: bytes, timeout: float) -> Sent:
-        data = gzip.compress(body, 6) if self._gzip else body
+        data = _compressed(body, self._compression)
         with self._lock:
             try:
                 conn = self._connection(timeout)
@@ -170,7 +181,9 @@ class GrpcTransport:
         # No serialisers: the request goes as the bytes given, the response comes back as bytes.
         self._call = self._channel.unary_unary(_GRPC_METHODS[signal])
         self._metadata = settings.headers
-        self._compression = grpc.Compression.Gzip if settings.gzip else None
+        self._compression = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(
+            settings.compression
+        )
 
     def send(self, body: bytes, timeout: float) -> Sent:
         try:

@@ -210,6 +210,8 @@ class Telemetry:
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
         self._textmap: object = None  # the global propagator last classified
         self._w3c = False
+        # OTEL_SDK_DISABLED: no span at all, so nothing of the caller's trace context is touched.
+        self._off = tracing.disabled
 
     @property
     def exporting(self) -> bool:
@@ -255,7 +257,10 @@ class Telemetry:
 
         `route`: the upstream the request goes to (`server.*` name it, as the conventions ask of a
         proxy); default the one given at construction. `path` is the path as the upstream sees it.
-        `links`: spans this one relates to (a mirror copy's, to the request it copies)."""
+        `links`: spans this one relates to (a mirror copy's, to the request it copies).
+        `NOT_TRACED` when tracing is disabled (`OTEL_SDK_DISABLED`)."""
+        if self._off:
+            return NOT_TRACED
         if info.operation is None:
             name = method
         else:

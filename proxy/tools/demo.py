@@ -37,6 +37,7 @@ from proxy.server.lifecycle import Shutdown, run_loop
 from proxy.server.listen import CannotListen
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
+from proxy.telemetry.tracing import TracingError
 from proxy.tools.client import Call, api_name, auth_headers, measure
 from proxy.tools.clientconfig import key_hint, key_places
 from proxy.tools.command import taotrace_command
@@ -312,7 +313,7 @@ def run(settings: DemoSettings, out: TextIO = sys.stdout) -> int:
 
     try:
         code, _ = run_loop(main())
-    except CannotListen as exc:  # the same line as serve and sim say
+    except (CannotListen, TracingError) as exc:  # the same line as serve and sim say
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -52,6 +52,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from opentelemetry.util.types import AnyValue
 from prometheus_client import CollectorRegistry
 
 from proxy.config.config import Config, load
@@ -92,11 +93,11 @@ ASK_TIMEOUT = 0.5  # seconds the live view waits for a worker to say what it has
 CHANNEL_BOUND = 16 * 1024 * 1024
 
 
-def instance_id(index: int, base: Mapping[str, str]) -> str:
-    """Worker `index`'s `service.instance.id`: a given one with `-index` appended, else a new uuid."""
-    attrs = [a for a in base.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",") if a.strip()]
-    given = next((a.split("=", 1)[1] for a in attrs if a.split("=", 1)[0].strip() == "service.instance.id"), None)
-    return f"{given.strip()}-{index}" if given else str(uuid.uuid4())
+def instance_id(index: int, base: Mapping[str, AnyValue]) -> str:
+    """Worker `index`'s `service.instance.id`: the group's resource's (`OTEL_RESOURCE_ATTRIBUTES`,
+    or the one the SDK generates) with `-index` appended, else a new uuid."""
+    given = base.get("service.instance.id")
+    return f"{given}-{index}" if isinstance(given, str) and given.strip() else str(uuid.uuid4())
 
 
 @dataclass
@@ -391,7 +392,7 @@ async def supervising(
             meter_provider=meter_provider, env=env, serving=False,  # this loop only takes records
         )  # fmt: skip
         host, port = reserved[0].getsockname()[:2]
-        group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.telemetry, env))
+        group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.telemetry))
         # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
         worker_settings = settings.model_copy(update={"port": port, "key_salt": config.accounting.key_salt})
         supervisor = _Supervisor(
@@ -421,11 +422,13 @@ async def supervising(
             sock.close()
 
 
-def _slots(workers: int, telemetry: Telemetry, env: Mapping[str, str]) -> list[_Worker]:
+def _slots(workers: int, telemetry: Telemetry) -> list[_Worker]:
     """The group's slots; each worker's spans leave under the group's resource with its own instance id."""
     base = telemetry.tracing.resource
     return [
-        _Worker(i, Resource({**base.attributes, "service.instance.id": instance_id(i, env)}, base.schema_url))
+        _Worker(
+            i, Resource({**base.attributes, "service.instance.id": instance_id(i, base.attributes)}, base.schema_url)
+        )
         for i in range(workers)
     ]
 
