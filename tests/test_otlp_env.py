@@ -45,7 +45,7 @@ def test_the_resource_follows_the_sdks_variables(monkeypatch: pytest.MonkeyPatch
         assert meters is not None
         assert meters.resource.attributes["service.version"] == __version__
         for attrs in (
-            build_tracing(os.environ, export=False).resource.attributes,
+            build_tracing(os.environ).resource.attributes,
             meters.resource.attributes,
         ):
             assert attrs["service.name"] == service

@@ -20,15 +20,15 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opentelemetry.sdk.resources import Resource
-
 from proxy import __version__
 from proxy.dialects import Usage
 from proxy.exchange.record import RequestRecord
 from proxy.telemetry.aggregate import AttributeSet, Counter, Histogram, temporality_from_env
 from proxy.telemetry.metric_pipeline import DEFAULT_INTERVAL, DEFAULT_TIMEOUT, MetricPipeline, exporters_from_env
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
+from proxy.telemetry.otlp_env import sdk_disabled
 from proxy.telemetry.semconv import LATEST_METRICS, RELEASED_METRICS, Conventions, MetricNames
+from proxy.telemetry.tracing import resource_from_env
 
 __all__ = [
     "BUCKETS",
@@ -87,14 +87,6 @@ class _Sets:
     phases: tuple[AttributeSet, AttributeSet, AttributeSet]  # ours with taotrace.phase network, prefill_wait, decode
 
 
-def _resource() -> Resource:
-    """The SDK's resource from the process environment (`OTEL_SERVICE_NAME`,
-    `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPERIMENTAL_RESOURCE_DETECTORS`), with our `service.version`
-    and `service.name` `taotrace` unless those name the service."""
-    resource = Resource.create({"service.version": __version__})
-    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):  # the SDK's default
-        resource = resource.merge(Resource({"service.name": "taotrace"}))
-    return resource
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
@@ -106,16 +98,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 def build_meter_provider(env: Mapping[str, str] | None = None) -> MetricPipeline | None:
     """A pipeline exporting every `OTEL_METRIC_EXPORT_INTERVAL` ms; None when export is not
     configured or `OTEL_SDK_DISABLED=true`. `env` chooses the exporters, the OTLP endpoint and
-    protocol, the interval, timeout and temporality; the resource and the exporters' other
-    settings (headers, compression, certificates) are the SDK's, read from the process environment."""
+    protocol, the interval, timeout and temporality; the resource (the spans' own,
+    `tracing.resource_from_env`) and the exporters' other settings (headers, compression,
+    certificates) are the SDK's, read from the process environment."""
     env = os.environ if env is None else env
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if sdk_disabled(env):
         return None
     exporters = exporters_from_env(env)
     if not exporters:
         return None
     return MetricPipeline(
-        _resource(),
+        resource_from_env(env),
         exporters,
         interval=_seconds(env, "OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_INTERVAL),
         timeout=_seconds(env, "OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_TIMEOUT),

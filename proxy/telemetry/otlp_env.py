@@ -19,7 +19,6 @@ __all__ = [
     "export_settings",
     "exporter_names",
     "otlp_target",
-    "resource_attributes",
     "sdk_disabled",
     "shown_endpoint",
     "span_destination",
@@ -60,28 +59,6 @@ def exporter_names(
         return ()
     return tuple(names)
 
-
-def resource_attributes(env: Mapping[str, str], version: str) -> dict[str, str]:
-    """The OTLP metrics' resource attributes from `env` (the spans' are the SDK's
-    `Resource.create()`: `tracing.resource_from_env`, which the metrics are to use too), as the SDK's own rules rank
-    them: `telemetry.sdk.*` (who encoded them: taotrace's own pipeline), those of
-    `OTEL_RESOURCE_ATTRIBUTES` (`k=v,k2=v2`, percent-encoded), then `OTEL_SERVICE_NAME` over their
-    `service.name`; `taotrace` when neither names the service."""
-    attributes: dict[str, str] = {
-        "telemetry.sdk.language": "python",
-        "telemetry.sdk.name": "taotrace",
-        "telemetry.sdk.version": version,
-    }
-    for pair in env.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        key, sep, value = pair.partition("=")
-        if sep and key.strip():
-            attributes[key.strip()] = unquote(value.strip())
-    service = env.get("OTEL_SERVICE_NAME", "").strip()
-    if service:
-        attributes["service.name"] = service
-    attributes.setdefault("service.name", "taotrace")
-    attributes["service.version"] = version
-    return attributes
 
 
 def otlp_target(env: Mapping[str, str], signal: str, protocol: str | None = None) -> tuple[str, str] | None:
