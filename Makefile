@@ -131,6 +131,7 @@ lint: $(VENV)/.installed-lint
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 demo: $(VENV)/.installed-runtime
 	@$(VENV)/bin/taotrace demo $(ARGS)

@@ -1,7 +1,7 @@
-"""The aiohttp release whose internals proxy/server/protocol.py relies on, and those internals.
+"""The aiohttp release whose internals proxy/exchange/protocol.py relies on, and those internals.
 
 An upgrade must be deliberate: when the installed aiohttp is another minor release, or a private
-name listed in proxy/server/protocol.py (`AIOHTTP_INTERNALS`) is gone, this fails, naming it. Then re-read
+name listed in proxy/exchange/protocol.py (`AIOHTTP_INTERNALS`) is gone, this fails, naming it. Then re-read
 the names in the new release, rerun tests/adversarial/test_smuggling.py, and move
 `AIOHTTP_VERIFIED` and pyproject.toml's pin.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from aiohttp import abc, http_exceptions, web
 
-from proxy.server.protocol import AIOHTTP_INTERNALS, AIOHTTP_VERIFIED, GuardedAppRunner, refusal_for
+from proxy.exchange.protocol import AIOHTTP_INTERNALS, AIOHTTP_VERIFIED, GuardedAppRunner, refusal_for
 
 tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_installed_aiohttp_is_the_verified_release() -> None:
     installed = importlib.metadata.version("aiohttp")
     assert ".".join(installed.split(".")[:2]) == AIOHTTP_VERIFIED, (
-        f"aiohttp {installed} installed, but proxy/server/protocol.py's internals were verified against "
+        f"aiohttp {installed} installed, but proxy/exchange/protocol.py's internals were verified against "
         f"{AIOHTTP_VERIFIED}: read its docstring before upgrading"
     )
 
@@ -79,4 +79,4 @@ async def test_every_listed_internal_is_where_proxy_protocol_expects_it() -> Non
     ) is True and "self._send_headers_immediately" in inspect.getsource(web.StreamResponse._write_headers)
     assert sorted(checked) == sorted(AIOHTTP_INTERNALS), "every name listed is checked here, and only those"
     missing = [name for name, ok in checked.items() if not ok]
-    assert not missing, f"aiohttp internals proxy/server/protocol.py relies on are gone or changed: {missing}"
+    assert not missing, f"aiohttp internals proxy/exchange/protocol.py relies on are gone or changed: {missing}"

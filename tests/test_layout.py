@@ -1,15 +1,8 @@
 """The package layout shows the design; these tests keep it that way.
 
-    proxy/            the core: settings, app, forward, upstream, headers, sse, dialects, timing, ...
-    proxy/telemetry/  spans, OTLP encoding, metrics, access log (fed finished records)
-    proxy/ui/         the live view (ring of recent records, overview window, page + JSON API)
-    proxy/tools/      demo, probe, doctor: clients of an endpoint
-    proxy/sim/        the simulated upstream
-
-The core never imports tools/ or sim/; sim/ imports nothing of the proxy but `proxy.server.lifecycle`
-and `proxy.server.listen` (the process-lifetime and port-binding helpers every long-running command
-shares); telemetry/ and ui/ never
-import tools/ or sim/ (tools/demo may use ui/ to publish its experiments).
+Which package may import which is written as contracts in pyproject.toml (`[tool.importlinter]`,
+the layers docs/development.md draws: a request's way from the command line down to the
+dialects), checked here and by `make lint`; no module imports itself back through others.
 """
 
 from __future__ import annotations
@@ -19,63 +12,49 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import grimp
+from importlinter.cli import lint_imports
 
-PKG = Path(__file__).resolve().parent.parent / "proxy"
-
-
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    # importlib.import_module("proxy.x") with a literal counts too (the CLI loads commands so)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("proxy."):
-            found.add(node.value)
-    return {name for name in found if name == "proxy" or name.startswith("proxy.")}
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "proxy"
 
 
-def _layer(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) > 1 and parts[1] in ("tools", "sim", "telemetry", "ui"):
-        return parts[1]
-    return "core"
+def test_each_package_imports_only_the_layers_below_it() -> None:
+    assert (
+        lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True) == 0
+    )  # what it prints says which import
 
 
-def _modules(layer: str) -> list[Path]:
-    files = sorted(PKG.rglob("*.py"))
-    return [f for f in files if _layer(".".join(("proxy", *f.relative_to(PKG).with_suffix("").parts))) == layer]
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle anywhere in proxy/, however long (imports for type checking aside): none is
+    broken by an import inside a function either, since those are imports too."""
+    graph = grimp.build_graph("proxy", exclude_type_checking_imports=True, cache_dir=None)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[set[str]] = []
 
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while (w := stack.pop()) != v:
+                component.add(w)
+            if component:
+                cycles.append({v, *component})
 
-@pytest.mark.parametrize(
-    "layer,forbidden", [("core", {"tools", "sim"}), ("telemetry", {"tools", "sim", "ui"}), ("ui", {"tools", "sim"})]
-)
-def test_lower_layers_never_import_tools_or_sim(layer: str, forbidden: set[str]) -> None:
-    bad = []
-    for path in _modules(layer):
-        if path.name == "cli.py":
-            continue  # the command line is the one place that names every command
-        bad += [f"{path.relative_to(PKG)} imports {m}" for m in _imports(path) if _layer(m) in forbidden]
-    assert not bad, bad
-
-
-def test_sim_imports_nothing_of_the_proxy_but_lifecycle_and_listen() -> None:
-    shared = ("proxy.server.lifecycle", "proxy.server.listen")
-    bad = []
-    for path in _modules("sim"):
-        for module in _imports(path):
-            if (
-                _layer(module) != "sim"
-                and module not in shared
-                and not module.startswith(tuple(m + "." for m in shared))
-            ):
-                bad.append(f"{path.relative_to(PKG)} imports {module}")
-    assert not bad, bad
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    assert not cycles, cycles
 
 
 def test_ui_ships_its_static_files_as_package_data() -> None:
@@ -87,62 +66,6 @@ def test_importing_the_parsers_does_not_load_the_server_or_opentelemetry() -> No
     code = "import sys, proxy.dialects.sse, proxy.dialects; print(sorted(m for m in sys.modules if m.startswith(('opentelemetry', 'proxy.serve', 'aiohttp.web'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-
-
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (anywhere in it, lazily too); packages' lazy
-    attribute loaders (`proxy/__init__.py`) left out."""
-    modules: dict[str, Path] = {}
-    for path in sorted(PKG.rglob("*.py")):
-        parts = path.relative_to(PKG).with_suffix("").parts
-        modules[".".join(("proxy", *(parts[:-1] if parts[-1] == "__init__" else parts)))] = path
-
-    def module_of(name: str) -> str:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name
-
-    return {m: {module_of(n) for n in _imports(p)} - {m, "proxy", ""} for m, p in modules.items()}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[set[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = set()
-            while True:
-                w = stack.pop()
-                component.add(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(component)
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_serve_the_reporting_and_the_group_import_one_way() -> None:
-    """serve.py, the composition root, chooses one process or a group; nothing it builds on
-    imports it back (the supervisor once imported serve.py, which imported the supervisor)."""
-    ours = ("proxy.serve", "proxy.server.serving", "proxy.reporting.reporting", "proxy.workers")
-    bad = [c for c in _cycles(_import_graph()) if any(m.startswith(ours) for m in c)]
-    assert not bad, bad
 
 
 # What proxy/ may not import from OpenTelemetry: the metrics API (metrics are aggregated by our own

@@ -1,4 +1,4 @@
-"""A long per-token series binned where the request was served (proxy/workers/series.py,
+"""A long per-token series binned where the request was served (proxy/exchange/series.py,
 proxy/workers/binning.py): every histogram and the live view read it as they read its values."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config.settings import Settings
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.series import MAX_GAPS, Binned, bin_series, compact_gaps
 from proxy.telemetry.aggregate import AttributeSet
 from proxy.telemetry.aggregate import Histogram as OtlpHistogram
 from proxy.telemetry.exposition import Histogram, Registry
@@ -29,7 +30,6 @@ from proxy.ui.ring import Ring
 from proxy.workers.binning import BIN_FROM, EDGES, binned
 from proxy.workers.channel import decode_frame, encode
 from proxy.workers.messages import Records
-from proxy.workers.series import MAX_GAPS, Binned, bin_series, compact_gaps
 from tests.fakes import FakeUpstream, chat_chunk, record_for, sse, stream_handler
 
 EDGE_SETS = (BUCKETS_TOKEN, BUCKETS_OVERHEAD, BUCKETS_SPEC_SECONDS)

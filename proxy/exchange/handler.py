@@ -35,6 +35,7 @@ from proxy.exchange.headers import ForwardedFor, request_headers, response_heade
 from proxy.exchange.inflight import Counted, InFlightRequests
 from proxy.exchange.mirror import MirrorPolicy, mirror_headers, new_pair_id
 from proxy.exchange.observers import Observers
+from proxy.exchange.protocol import RelayedResponse
 from proxy.exchange.record import RequestRecord
 from proxy.exchange.relay import Discard, ended_by, never_paused, relay_for, relay_to_client
 from proxy.exchange.target import target as target_of
@@ -42,7 +43,6 @@ from proxy.exchange.timing import PhaseClock
 from proxy.exchange.tracer import Tracer
 from proxy.logs.stack import stack_of
 from proxy.logs.upstream_failures import UpstreamFailures
-from proxy.server.protocol import RelayedResponse
 from proxy.upstream import UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder", "HandlerOptions", "RoutePool"]

@@ -1,5 +1,5 @@
 """Paired comparison (`--mirror ROUTE`): which requests get a copy sent to a second upstream,
-and what that copy carries. Pure: the forwarder (`proxy/exchange/forward.py`) does the I/O.
+and what that copy carries. Pure: the handler (`proxy/exchange/handler.py`) does the I/O.
 
 A request is mirrored when its path ends with one of `--mirror-paths` (by default only the chat,
 Responses and messages APIs), a coin with `--mirror-ratio` says yes, fewer than

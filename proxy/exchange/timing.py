@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from proxy.workers.series import Binned
+from proxy.exchange.series import Binned
 
 __all__ = ["PhaseClock", "RequestTiming"]
 
@@ -35,7 +35,7 @@ class RequestTiming:
     decode: float | None
     tpot: float | None
     # The per-token series: one float per gap, or with `--workers`, as the supervisor receives a
-    # long one, counted into its histogram's buckets (`proxy/workers/series.py`).
+    # long one, counted into its histogram's buckets (`proxy/exchange/series.py`).
     itl: tuple[float, ...] | Binned
     token_events: int
     sent: float | None  # t_sent, t_first, t_last on the monotonic clock, for spans

@@ -28,10 +28,10 @@ from prometheus_client import CollectorRegistry
 from proxy.config.accounting import label_name
 from proxy.config.config import Config
 from proxy.exchange.observers import Named
+from proxy.exchange.protocol import GuardedAppRunner
 from proxy.exchange.record import RequestRecord
 from proxy.server.app import create_metrics_app
 from proxy.server.listen import http_url
-from proxy.server.protocol import GuardedAppRunner
 from proxy.telemetry.collector_log import collector_warnings
 from proxy.telemetry.genai_metrics import GenAIMetrics, build_meter_provider, shutdown_meter_provider
 from proxy.telemetry.metric_pipeline import MetricPipeline

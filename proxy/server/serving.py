@@ -21,11 +21,11 @@ from proxy.config.config import Config
 from proxy.dialects import DIALECTS, Dialects
 from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.observers import Named
+from proxy.exchange.protocol import GuardedAppRunner
 from proxy.exchange.record import RequestRecord
 from proxy.server.app import DIRECT_KEY, create_proxy_app
 from proxy.server.lifecycle import Drained, drain
 from proxy.server.listen import http_url
-from proxy.server.protocol import GuardedAppRunner
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.metrics import Recorder
 from proxy.telemetry.spans import Telemetry

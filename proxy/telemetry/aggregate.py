@@ -42,7 +42,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from proxy.workers.series import Binned, bucket_pairs
+from proxy.exchange.series import Binned, bucket_pairs
 
 __all__ = ["CARDINALITY_LIMIT", "OVERFLOW", "AttributeSet", "Counter", "Histogram", "Meter", "temporality_from_env"]
 

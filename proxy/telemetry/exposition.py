@@ -29,7 +29,7 @@ from prometheus_client import utils
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Exemplar
 
-from proxy.workers.series import Binned
+from proxy.exchange.series import Binned
 
 __all__ = [
     "Counter",

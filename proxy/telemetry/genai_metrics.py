@@ -87,8 +87,6 @@ class _Sets:
     phases: tuple[AttributeSet, AttributeSet, AttributeSet]  # ours with taotrace.phase network, prefill_wait, decode
 
 
-
-
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     """A positive whole number of milliseconds from `env`, in seconds; `default` when absent or wrong."""
     value = env.get(name, "").strip()

@@ -60,7 +60,6 @@ def exporter_names(
     return tuple(names)
 
 
-
 def otlp_target(env: Mapping[str, str], signal: str, protocol: str | None = None) -> tuple[str, str] | None:
     """(protocol, endpoint) for `signal` ("traces" or "metrics"); None when no endpoint is set.
 

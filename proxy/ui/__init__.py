@@ -1,6 +1,6 @@
 """The built-in live view: recent requests, their waterfalls, an overview, and the demo's plots.
 
-Fed finished `RequestRecord`s through the Forwarder's observer hook (`LiveView.observe`) and
+Fed finished `RequestRecord`s as one of the observers (`LiveView.observe`) and
 served on the metrics port (`add_ui_routes`). Never imports tools/ or sim/.
 """
 

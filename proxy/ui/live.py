@@ -1,4 +1,4 @@
-"""The live view's state: fed each finished record by the Forwarder's observer hook.
+"""The live view's state: fed each finished record as one of the observers (`proxy/exchange/observers.py`).
 
 `observe` runs on the event loop once per request, at finish, after the client has its last
 byte: an append to the ring and a few counter updates (about 2 µs; see docs/live-view.md).
@@ -55,7 +55,7 @@ class LiveView:
         self.experiments: Mapping[str, Any] | None = None
 
     def observe(self, record: RequestRecord) -> None:
-        """The Forwarder's observer: never raises into the request that just finished."""
+        """The observer: never raises into the request that just finished."""
         try:
             now = self.clock()
             self.ring.add(record, now)

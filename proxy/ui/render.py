@@ -13,8 +13,8 @@ import dataclasses
 from typing import Any
 
 from proxy.exchange.record import model_label
+from proxy.exchange.series import Binned
 from proxy.ui.ring import SERIES, Entry
-from proxy.workers.series import Binned
 
 __all__ = ["detail", "row"]
 

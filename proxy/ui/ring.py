@@ -4,7 +4,7 @@ Each entry keeps the `RequestRecord` the spans and metrics were made from, so th
 the same numbers as the trace. Only the per-gap series are bounded: a stream with more than
 `MAX_GAPS` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
 stays visible); other series the view does not show (`chunk_gaps`) are dropped when longer.
-With `--workers` a long stream's series arrive binned (`proxy/workers/series.py`) and are kept so: a few
+With `--workers` a long stream's series arrive binned (`proxy/exchange/series.py`) and are kept so: a few
 counts each, and the bars of its gaps.
 """
 
@@ -17,8 +17,8 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from proxy.exchange.record import RequestRecord, model_label
+from proxy.exchange.series import MAX_GAPS, Binned, compact_gaps
 from proxy.exchange.timing import RequestTiming
-from proxy.workers.series import MAX_GAPS, Binned, compact_gaps
 
 __all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "distinct", "parse_query", "select"]
 

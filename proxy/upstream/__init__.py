@@ -12,8 +12,8 @@ before the event loop does anything else.
     await resp.relay(sink, drained)     # sink(bytes) per read; True asks to pause reading
     resp.close()                        # or resp.discard_rest() when the client left with all it needed
 
-Timings go straight into the request's `PhaseClock` (pool wait, DNS, connect incl. TLS, reuse,
-request written). The connection's `TCP_INFO` is read as a request ends (`end_tcp()`, or, if the
+Timings go straight into the request's phase clock, seen through `Steps` (pool wait, DNS,
+connect incl. TLS, reuse, request written). The connection's `TCP_INFO` is read as a request ends (`end_tcp()`, or, if the
 connection fails first, just before its socket closes); one request's end reading is the next
 one's baseline (`tcp_start`), so counting per request costs no extra system call. Failures
 before the response head raise a `ProxyError` (`UpstreamUnreachable`, `UpstreamTimeout`,
@@ -27,11 +27,14 @@ before the response head raise a `ProxyError` (`UpstreamUnreachable`, `UpstreamT
     _dial.py        new connections: DNS, addresses in turn, TLS, the connect timeout
     _tunnel.py      CONNECT through a forward proxy
     _request.py     the request head as written
+    _steps.py       `Steps`: what the pool stamps on a request's phase clock
+    tcpinfo.py      Linux `TCP_INFO`: parse (pure), read, per-request stats
 """
 
 from __future__ import annotations
 
 from proxy.upstream._pool import UpstreamPool
 from proxy.upstream._response import UpstreamResponse
+from proxy.upstream._steps import Steps
 
-__all__ = ["UpstreamPool", "UpstreamResponse"]
+__all__ = ["Steps", "UpstreamPool", "UpstreamResponse"]

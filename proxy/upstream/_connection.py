@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import proxy.upstream.tcpinfo as tcpinfo
 from proxy.errors import BodyFailure
-from proxy.upstream import tcpinfo
 from proxy.upstream._cycle import BODY_ENDED, CLOSED, DONE, FAIL, HEAD_READY, IDLE, MUST_CLOSE, ResponseCycle
 from proxy.upstream.tcpinfo import TcpInfo
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from proxy.config.envproxy import ForwardProxy
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
-from proxy.exchange.timing import PhaseClock
 from proxy.upstream._connection import Connection
+from proxy.upstream._steps import Steps
 from proxy.upstream._tunnel import open_tunnel
 
 __all__ = ["DNS_TTL", "Dialer"]
@@ -53,7 +53,7 @@ class Dialer:
         self._dns: tuple[float, list[tuple[Any, ...]]] | None = None
         self._literal = _is_ip(self.dial_host)
 
-    async def open(self, phase: PhaseClock, connection: Callable[[], Connection]) -> Connection:
+    async def open(self, phase: Steps, connection: Callable[[], Connection]) -> Connection:
         """A new connection running `connection()`; DNS and connect times go into `phase`.
         Raises `UpstreamUnreachable` or `UpstreamTimeout`."""
         clock = self.clock
@@ -103,7 +103,7 @@ class Dialer:
             conn.sock = sock
         return conn
 
-    async def _resolve(self, phase: PhaseClock) -> list[tuple[Any, ...]]:
+    async def _resolve(self, phase: Steps) -> list[tuple[Any, ...]]:
         if self._literal:
             family = socket.AF_INET6 if ":" in self.dial_host else socket.AF_INET
             return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (self.dial_host, self.dial_port))]

@@ -13,12 +13,12 @@ from yarl import URL
 
 from proxy.config.envproxy import ForwardProxy
 from proxy.errors import BodyFailure, UpstreamBroken, UpstreamUnreachable
-from proxy.exchange.timing import PhaseClock
 from proxy.upstream._connection import Connection
 from proxy.upstream._cycle import ResponseCycle, Stale
 from proxy.upstream._dial import Dialer
 from proxy.upstream._request import IDEMPOTENT, authority, request_head
 from proxy.upstream._response import UpstreamResponse
+from proxy.upstream._steps import Steps
 from proxy.upstream._tunnel import proxy_auth_wanted
 
 __all__ = ["UpstreamPool"]
@@ -79,7 +79,7 @@ class UpstreamPool:
     # --- requests ----------------------------------------------------------------------------
 
     async def request(
-        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes, phase: PhaseClock
+        self, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes, phase: Steps
     ) -> UpstreamResponse:
         """Send one request; returns when the response head has arrived. Raises `ProxyError`."""
         if self._closed:
@@ -121,7 +121,7 @@ class UpstreamPool:
         if self._limit is not None:
             self._limit.release()
 
-    async def _acquire(self, phase: PhaseClock, fresh: bool) -> Connection:
+    async def _acquire(self, phase: Steps, fresh: bool) -> Connection:
         conn = None if fresh else self._pop_free()
         if conn is not None:
             phase.reused = True

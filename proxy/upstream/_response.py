@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from proxy.upstream import tcpinfo
+import proxy.upstream.tcpinfo as tcpinfo
 from proxy.upstream._connection import Connection, Sink
 from proxy.upstream.tcpinfo import TcpInfo
 

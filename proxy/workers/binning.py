@@ -1,5 +1,5 @@
 """Which of a record's per-token series a worker bins before it ships the record, and into which
-buckets: those of the histograms the supervisor adds each series to (`proxy/workers/series.py`).
+buckets: those of the histograms the supervisor adds each series to (`proxy/exchange/series.py`).
 
     itl          taotrace_inter_token_latency_seconds                  BUCKETS_TOKEN
     relay        taotrace_proxy_overhead_seconds{stage="relay"} and
@@ -15,12 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.exchange.record import RequestRecord
+from proxy.exchange.series import bin_series
 from proxy.exchange.timing import RequestTiming
 from proxy.telemetry.genai_metrics import BUCKETS_SPEC_SECONDS
 from proxy.telemetry.metrics import BUCKETS_OVERHEAD, BUCKETS_TOKEN
 from proxy.workers.messages import record_form
 from proxy.workers.plain import Plain, copy_with
-from proxy.workers.series import bin_series
 
 __all__ = ["BIN_FROM", "EDGES", "binned"]
 

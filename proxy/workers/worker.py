@@ -70,7 +70,7 @@ class Shipper:
             "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=Registry()
         )
         self.dropped = 0
-        # The Forwarder's sinks count their failures here; the counts travel to the supervisor.
+        # The observers' failures are counted here; the counts travel to the supervisor.
         self.sink_errors = Counter("taotrace_sink_errors", "Sink failures.", ("sink",), registry=Registry())
         self.mirror_drops: dict[str, int] = {}
         self._pending: list[RequestRecord] = []
