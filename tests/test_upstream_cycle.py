@@ -63,8 +63,8 @@ def test_failing_is_reserved_to_a_response_in_flight() -> None:
                 assert state in (State.AWAIT_HEAD, State.BODY, State.BODY_TO_EOF)
 
 
-def test_the_package_exports_the_pool_and_the_response_only() -> None:
-    assert sorted(proxy.upstream.__all__) == ["UpstreamPool", "UpstreamResponse"]
+def test_the_package_exports_the_pool_the_response_and_what_it_stamps_only() -> None:
+    assert sorted(proxy.upstream.__all__) == ["Steps", "UpstreamPool", "UpstreamResponse"]
 
 
 # --- responses --------------------------------------------------------------------------------
