@@ -194,8 +194,8 @@ class Forwarder:
         tracer = self.tracer
         try:
             span = tracer.start(info, method, path, query, carrier, t0, route, links)
-        except Exception:  # telemetry must never break a request
-            log.exception("could not start the request span")
+        except Exception as exc:  # noqa: BLE001 - counted and logged under spans: telemetry never breaks a request
+            self.observers.failed("spans", exc)
             span = tracer.untraced
         return Exchange(
             method, path, info, PhaseClock(t0), span, carrier, route, dialect,
