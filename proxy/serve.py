@@ -98,9 +98,9 @@ async def running(
                 active=requests.ask,
             )
             async with serving(
-                config, proxy_socks, requests, telemetry=reporting.telemetry, recorder=reporting.metrics,
+                config, proxy_socks, requests, spans=reporting.spans, recorder=reporting.metrics,
                 observers=reporting.observers, stop_now=stop_now, dialects=dialects,
-                mirror_dropped=lambda reason: reporting.metrics.compare.dropped.labels(reason).inc(),
+                mirror_dropped=lambda reason: reporting.metrics.mirror.dropped.labels(reason).inc(),
             ) as proxy_url:  # fmt: skip
                 yield Running(
                     proxy_url, reporting.metrics_url, reporting.registry, requests, reporting.metrics, reporting.live,

@@ -41,7 +41,7 @@ from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData, SpanProcessor
 from proxy.telemetry.tracing import SpanLimits, Tracing
 
-__all__ = ["NOT_TRACED", "RootSpan", "Telemetry", "bounded", "network_attributes"]
+__all__ = ["NOT_TRACED", "RootSpan", "Spans", "bounded", "network_attributes"]
 
 log = logging.getLogger("taotrace")
 
@@ -166,7 +166,7 @@ def _values(context: SpanContext) -> SpanContextValues:
     )
 
 
-class Telemetry:
+class Spans:
     """Starts and ends the spans of each request, with the sampler, ids and processor of `tracing`."""
 
     def __init__(

@@ -63,7 +63,7 @@ from proxy.tools.clientconfig import (
 )
 from proxy.tools.progress import Progress
 from proxy.tools.reach import Unreachable, reach
-from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, os_reason, route_for
+from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, ToolRoute, os_reason, route_for
 from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 
 __all__ = ["CHECKS", "Check", "DoctorSettings", "diagnose", "run"]
@@ -118,7 +118,7 @@ class _State:
     timeout: float
     environ: Mapping[str, str]
     tls: ssl.SSLContext
-    route: Route = DIRECT
+    route: ToolRoute = DIRECT
     models_status: int | None = None
     models_body: bytes = b""
     model_ids: list[str] = field(default_factory=list)
@@ -178,7 +178,7 @@ def _parse_base(base: str) -> URL:
 
 
 async def _get_models(
-    session: aiohttp.ClientSession, base: str, key: str | None, route: Route
+    session: aiohttp.ClientSession, base: str, key: str | None, route: ToolRoute
 ) -> tuple[int, bytes, str]:
     async with session.get(base.rstrip("/") + "/models", **route.options(auth_headers(API_CHAT, key))) as response:
         return response.status, await response.read(), response.headers.get("Content-Type", "")
@@ -195,7 +195,7 @@ def _alternatives(url: URL) -> list[str]:
     return out
 
 
-def _route(url: URL, environ: Mapping[str, str]) -> Route:
+def _route(url: URL, environ: Mapping[str, str]) -> ToolRoute:
     try:
         return route_for(url, environ)
     except ValueError as exc:  # a bad HTTPS_PROXY: named, never with its credentials
@@ -218,7 +218,7 @@ async def _head(response: aiohttp.ClientResponse, limit: int) -> bytes:
     return data
 
 
-async def _metrics_port(session: aiohttp.ClientSession, url: URL, route: Route) -> bool:
+async def _metrics_port(session: aiohttp.ClientSession, url: URL, route: ToolRoute) -> bool:
     """Whether `url`'s host and port serve taotrace's metrics (`/healthz` "ok", `/metrics` with
     taotrace_ series): a base URL given the metrics port instead of the proxy's."""
     origin = str(url.origin())
