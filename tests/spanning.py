@@ -9,8 +9,9 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode
 
 from proxy.exchange.record import RequestRecord
+from proxy.telemetry.span_end import network_attributes
 from proxy.telemetry.spandata import Resource
-from proxy.telemetry.spans import RootSpan, Spans, network_attributes
+from proxy.telemetry.spans import RootSpan, Spans
 
 Phase = tuple[str, int, int, dict[str, Any], Status | None]
 

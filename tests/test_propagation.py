@@ -13,7 +13,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AnyValue
 
 from proxy.telemetry import propagation
-from proxy.telemetry.spans import bounded
+from proxy.telemetry.span_end import bounded
 from proxy.telemetry.tracing import SpanLimits, limits_from_env
 from tests.maximal import maximal_infos, maximal_spans
 
