@@ -49,8 +49,9 @@ __all__ = [
 ]  # fmt: skip
 
 log = logging.getLogger("taotrace")
-# The last span flush at exit. A healthy collector takes milliseconds; a dead one gets 2 s, so
-# exit comes within drain_seconds + ~2.1 s even when streams run to the deadline (3 s made 5.05 s).
+# The last span flush at exit. A healthy collector takes milliseconds; a dead one gets this long,
+# so exit comes just after drain_seconds + this even when streams run to the deadline
+# (docs/reliability.md).
 TRACE_SHUTDOWN_SECONDS = 2.0
 HURRIED_SHUTDOWN_SECONDS = 0.5  # the same after a second signal: cut now means now
 
