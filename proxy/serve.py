@@ -98,9 +98,9 @@ async def running(
                 active=requests.ask,
             )
             async with serving(
-                config, proxy_socks, requests, telemetry=reporting.telemetry, recorder=reporting.metrics,
+                config, proxy_socks, requests, spans=reporting.spans, recorder=reporting.metrics,
                 observers=reporting.observers, stop_now=stop_now, dialects=dialects,
-                mirror_dropped=lambda reason: reporting.metrics.compare.dropped.labels(reason).inc(),
+                mirror_dropped=lambda reason: reporting.metrics.mirror.dropped.labels(reason).inc(),
             ) as proxy_url:  # fmt: skip
                 yield Running(
                     proxy_url, reporting.metrics_url, reporting.registry, requests, reporting.metrics, reporting.live,
@@ -120,8 +120,8 @@ async def serve(config: Config) -> None:
     shutdown = Shutdown().install()
     async with running(config, stop_now=shutdown.now) as srv:
         # Everything built at start (modules, apps, pools) leaves the collector's reach, so a full
-        # garbage collection walks only what requests create. With the OTLP collector down (spans
-        # sit queued for seconds) a full collection paused the loop for 69 ms; frozen, 17 ms.
+        # garbage collection walks only what requests create: a shorter pause of the loop when
+        # the OTLP collector is down and spans sit queued for seconds (docs/performance.md).
         settle_heap()
         announce(config, srv.proxy_url, srv.metrics_url, srv.metrics_addresses, ui=srv.live is not None)
         await shutdown.wait()
@@ -141,7 +141,7 @@ async def serve_group(config: Config) -> None:
     async with supervising(config, shutdown=shutdown) as group:
         # As serve() does: the supervisor allocates a record's objects (and keeps the live view's
         # last ones) at every worker's rate; with Python's default thresholds young and middle
-        # collections walking them cost ~26 µs of CPU per record (tests/bench/supervisor_records.py).
+        # collections walked them again and again (docs/performance.md).
         settle_heap()
         workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
         if not shutdown.requested.is_set():  # a Ctrl-C while the workers started: straight to the drain

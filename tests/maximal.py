@@ -43,7 +43,7 @@ def maximal_spans(info: Any) -> list[Any]:
     from proxy.exchange.record import RequestRecord
     from proxy.exchange.timing import RequestTiming
     from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
-    from proxy.telemetry.spans import Telemetry
+    from proxy.telemetry.spans import Spans
     from proxy.telemetry.tracing import Tracing
     from proxy.upstream.tcpinfo import TcpStats
     from tests.spanning import finish
@@ -80,7 +80,7 @@ def maximal_spans(info: Any) -> list[Any]:
     assert len(rate_limits.limits) == len(KINDS) and rate_limits.retry_after is not None
 
     exporter = InMemorySpanExporter()
-    telemetry = Telemetry(
+    telemetry = Spans(
         Tracing(processor=SimpleSpanProcessor(exporter)),
         upstream_host="up",
         upstream_port=8000,

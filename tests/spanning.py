@@ -1,5 +1,5 @@
 """Ending a request's spans from a record a test built itself, as the span observer does in the
-proxy (`Telemetry.end`): the record carries its root span's start (`Telemetry.span_start`)."""
+proxy (`Spans.end`): the record carries its root span's start (`Spans.span_start`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from typing import Any
 from opentelemetry.trace import Status, StatusCode
 
 from proxy.exchange.record import RequestRecord
+from proxy.telemetry.span_end import network_attributes
 from proxy.telemetry.spandata import Resource
-from proxy.telemetry.spans import RootSpan, Telemetry, network_attributes
+from proxy.telemetry.spans import RootSpan, Spans
 
 Phase = tuple[str, int, int, dict[str, Any], Status | None]
 
 
 def finish(
-    tel: Telemetry,
+    tel: Spans,
     span: RootSpan,
     rec: RequestRecord,
     output_text: str | None = None,

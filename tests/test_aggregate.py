@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics.export import AggregationTemporality as Temporality
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, Metric
 
-from proxy.telemetry.aggregate import OVERFLOW, Counter, Histogram, temporality_from_env
+from proxy.telemetry.aggregate import OVERFLOW, CounterInstrument, HistogramInstrument, temporality_from_env
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0)
 values_st = st.lists(
@@ -39,7 +39,7 @@ def point_list(data: Metric | None) -> list[Any]:
 
 def test_a_value_on_a_bound_goes_in_that_bound_s_bucket() -> None:
     """bisect_left, as OTel specifies: bucket i holds (bounds[i-1], bounds[i]]."""
-    h = Histogram("h", "s", "", BOUNDS)
+    h = HistogramInstrument("h", "s", "", BOUNDS)
     for v in (0.0, 0.001, 0.0010001, 10.0, 10.5):
         h.record(v, {})
     p = point(h.collect())
@@ -49,7 +49,7 @@ def test_a_value_on_a_bound_goes_in_that_bound_s_bucket() -> None:
 
 @given(values=values_st, cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=8))
 def test_any_split_into_batches_aggregates_like_one_by_one(values: list[float], cuts: list[int]) -> None:
-    one, batched = Histogram("h", "s", "", BOUNDS), Histogram("h", "s", "", BOUNDS)
+    one, batched = HistogramInstrument("h", "s", "", BOUNDS), HistogramInstrument("h", "s", "", BOUNDS)
     for v in values:
         one.record(v, {"k": "v"})
     edges = sorted({0, len(values), *(c for c in cuts if c <= len(values))})
@@ -70,12 +70,12 @@ def test_any_split_into_batches_aggregates_like_one_by_one(values: list[float], 
 
 
 def test_negative_and_non_finite_values_are_refused_and_counted() -> None:
-    h = Histogram("h", "s", "", BOUNDS)
+    h = HistogramInstrument("h", "s", "", BOUNDS)
     h.record_many([0.5, -1.0, float("nan"), float("inf"), 0.2], {})
     h.record(-0.0, {})  # -0.0 >= 0: taken, as the SDK takes it
     p = point(h.collect())
     assert (p.count, h.rejected) == (3, 3)
-    c = Counter("c", "{token}", "")
+    c = CounterInstrument("c", "{token}", "")
     for amount in (3, -1, float("nan"), 4):
         c.add(amount, {})
     data = c.collect()
@@ -84,7 +84,7 @@ def test_negative_and_non_finite_values_are_refused_and_counted() -> None:
 
 def test_delta_starts_afresh_and_leaves_out_quiet_sets_cumulative_keeps_them() -> None:
     for temporality in TEMPORALITIES:
-        h = Histogram("h", "s", "", BOUNDS, temporality)
+        h = HistogramInstrument("h", "s", "", BOUNDS, temporality)
         h.record(0.5, {"a": 1})
         h.record(0.5, {"a": 2})
         h.collect()
@@ -99,8 +99,8 @@ def test_the_cardinality_bound_sends_new_sets_to_the_overflow_set() -> None:
     """At most `limit` points: limit - 1 sets of their own, then the overflow set; the total is kept.
     Sets seen before the bound keep their own point."""
     for temporality in TEMPORALITIES:
-        h = Histogram("h", "s", "", BOUNDS, temporality, limit=4)
-        c = Counter("c", "1", "", temporality, limit=4)
+        h = HistogramInstrument("h", "s", "", BOUNDS, temporality, limit=4)
+        c = CounterInstrument("c", "1", "", temporality, limit=4)
         for i in range(10):
             h.record_many([0.5, 0.5], {"i": i})
             c.add(2, {"i": i})
@@ -118,7 +118,7 @@ def test_the_cardinality_bound_sends_new_sets_to_the_overflow_set() -> None:
 
 
 def test_attribute_order_does_not_make_a_new_set() -> None:
-    h = Histogram("h", "s", "", BOUNDS)
+    h = HistogramInstrument("h", "s", "", BOUNDS)
     h.record(0.5, {"a": 1, "b": "x"})
     h.record(0.5, {"b": "x", "a": 1})
     assert point(h.collect()).count == 2
@@ -129,7 +129,7 @@ def counted(data: Metric | None) -> int:
 
 
 def test_recording_while_collecting_loses_nothing() -> None:
-    h = Histogram("h", "s", "", BOUNDS, Temporality.DELTA)
+    h = HistogramInstrument("h", "s", "", BOUNDS, Temporality.DELTA)
     total = 0
     stop = threading.Event()
 

@@ -23,7 +23,7 @@ import pytest
 from proxy.cli import main
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.tools.client import Measurement, request_for
-from proxy.tools.compare import CompareSettings, Progress, compare, sides_from
+from proxy.tools.compare import CompareProgress, CompareSettings, compare, sides_from
 from proxy.tools.compare_live import LiveError, live_prompts
 from proxy.tools.compare_plan import METRICS, Sample, Step, schedule
 from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
@@ -339,7 +339,7 @@ def test_progress_redraws_one_line_on_a_terminal_and_prints_lines_otherwise() ->
     m = Measurement("chat_completions", "m", 200, 0.01, 0.02, 0.1, 5, "reported", 0.01, 50.0, 5, 7, 0, True, True)
     tty, plain = io.StringIO(), io.StringIO()
     for stream, is_tty in ((tty, True), (plain, False)):
-        progress = Progress(stream, is_tty)
+        progress = CompareProgress(stream, is_tty)
         progress(1, 4, Sample(Step(0, 0, 0), m), "short")
         progress(2, 4, Sample(Step(0, 0, 1), m), "short")
         progress.done()

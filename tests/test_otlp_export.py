@@ -24,7 +24,7 @@ from proxy.serve import running
 from proxy.telemetry.batch_processor import BatchSpanProcessor
 from proxy.telemetry.otlp_env import span_destination
 from proxy.telemetry.span_pipeline import FanOutSpanProcessor, LibrarySpanExporter
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing, TracingError, build_tracing, resource_from_env, shutdown_tracing
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
 from tests.spanning import finish
@@ -89,7 +89,7 @@ def one_request(tracing: Tracing) -> None:
     """One streamed chat request's spans, finished into `tracing`."""
     from tests.test_span_equivalence import INFO, T0, carrier, streamed
 
-    tel = Telemetry(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel = Spans(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
     finish(tel, tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0), streamed())
 
 

@@ -13,7 +13,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AnyValue
 
 from proxy.telemetry import propagation
-from proxy.telemetry.spans import bounded
+from proxy.telemetry.span_end import bounded
 from proxy.telemetry.tracing import SpanLimits, limits_from_env
 from tests.maximal import maximal_infos, maximal_spans
 
@@ -109,11 +109,11 @@ def test_a_restarted_trace_never_carries_the_clients_tracestate() -> None:
     """An invalid traceparent starts a new trace: the client's tracestate must not go with it."""
     from multidict import CIMultiDict, CIMultiDictProxy
 
-    from proxy.telemetry.spans import Telemetry
+    from proxy.telemetry.spans import Spans
     from proxy.telemetry.tracing import Tracing
     from tests.test_span_equivalence import INFO, T0
 
-    tel = Telemetry(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel = Spans(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h:1")
     for traceparent in ("00-zzzz-bad-01", f"00-{'0' * 32}-{SPAN}-01"):
         src = CIMultiDictProxy(CIMultiDict({"traceparent": traceparent, "tracestate": "vendor=secretstate"}))
         headers = CIMultiDict(src)

@@ -31,7 +31,7 @@ from proxy.exchange.record import RequestRecord
 from proxy.logs.ratelimited import RateLimitedLog
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing
 from proxy.upstream import UpstreamPool
 from tests.fakes import FakeUpstream, chat_stream, sse
@@ -66,7 +66,7 @@ async def forwarding(upstream: FakeUpstream, clock: Callable[[], float]) -> Asyn
     pool = UpstreamPool(URL(upstream.url), connect_timeout=5, read_timeout=30, keepalive=4)
     exporter = InMemorySpanExporter()
     provider = Tracing(processor=SimpleSpanProcessor(exporter))
-    telemetry = Telemetry(
+    telemetry = Spans(
         provider, upstream_host=route.host, upstream_port=route.port, upstream_base=str(route.url).rstrip("/")
     )
     records: list[RequestRecord] = []

@@ -20,8 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.config.settings import Settings
 from proxy.exchange.record import RequestRecord
 from proxy.exchange.series import MAX_GAPS, Binned, bin_series, compact_gaps
-from proxy.telemetry.aggregate import AttributeSet
-from proxy.telemetry.aggregate import Histogram as OtlpHistogram
+from proxy.telemetry.aggregate import AttributeSet, HistogramInstrument
 from proxy.telemetry.exposition import Histogram, Registry
 from proxy.telemetry.genai_metrics import BUCKETS_SPEC_SECONDS
 from proxy.telemetry.metrics import BUCKETS_OVERHEAD, BUCKETS_TOKEN, Metrics, ModelLabels
@@ -70,7 +69,7 @@ def test_an_otlp_histogram_reads_a_binned_series_as_its_values(
     edges, values, binned = series
     points: list[HistogramDataPoint] = []
     for given_values in (values, binned):
-        h = OtlpHistogram("h", "s", "h.", edges, clock=lambda: 1)
+        h = HistogramInstrument("h", "s", "h.", edges, clock=lambda: 1)
         h.record_many_set([0.5], AttributeSet.of({"k": "v"}))  # a total to add to
         h.record_many_set(given_values, AttributeSet.of({"k": "v"}))
         collected = h.collect()
@@ -103,7 +102,7 @@ def test_a_histogram_given_a_series_binned_for_other_buckets_refuses_it() -> Non
     with pytest.raises(ValueError, match="other buckets"):
         Histogram("h", "h.", buckets=BUCKETS_TOKEN, registry=Registry()).labels().observe_many(series)
     with pytest.raises(ValueError, match="other buckets"):
-        OtlpHistogram("h", "s", "h.", BUCKETS_TOKEN).record_many_set(series, AttributeSet.of({}))
+        HistogramInstrument("h", "s", "h.", BUCKETS_TOKEN).record_many_set(series, AttributeSet.of({}))
 
 
 def _long_record(seed: int, tokens: int) -> RequestRecord:

@@ -1,6 +1,6 @@
 """Our spans are the ones the OpenTelemetry SDK would make for the same request.
 
-`Telemetry` builds its spans itself (no SDK span classes): each scenario and sampler here is run
+`Spans` builds its spans itself (no SDK span classes): each scenario and sampler here is run
 through it and through a reference built on the SDK's public API (`Tracer.start_span`, the W3C
 propagators, the SDK's samplers and id generator order), and the exported spans, the headers
 sent upstream and the OTLP bytes (ours, and the library encoder's of the SDK's spans) compared;
@@ -41,7 +41,7 @@ from proxy.telemetry import sampler as ours
 from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.spandata import Resource, SpanData
-from proxy.telemetry.spans import NOT_TRACED, Telemetry
+from proxy.telemetry.spans import NOT_TRACED, Spans
 from proxy.telemetry.tracing import Tracing
 from tests.otel_versions import ENCODER_WRITES_SCOPE_FIELDS
 from tests.spanning import finish, phases
@@ -196,8 +196,8 @@ SAMPLERS: dict[str, tuple[ours.Sampler, Sampler]] = {
 SCHEMA_URL = Conventions().schema_url
 
 
-def make(sampler: str = "default", **kw: Any) -> tuple[InMemorySpanExporter, Telemetry]:
-    """Our Telemetry with counting ids and an in-memory exporter."""
+def make(sampler: str = "default", **kw: Any) -> tuple[InMemorySpanExporter, Spans]:
+    """Our `Spans` with counting ids and an in-memory exporter."""
     exporter = InMemorySpanExporter()
     tracing = Tracing(
         processor=SimpleSpanProcessor(exporter),
@@ -205,12 +205,12 @@ def make(sampler: str = "default", **kw: Any) -> tuple[InMemorySpanExporter, Tel
         resource=Resource(RESOURCE_ATTRIBUTES),
         ids=CountingIds(),
     )
-    tel = Telemetry(tracing, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", **kw)
+    tel = Spans(tracing, upstream_host="api.example", upstream_port=443, upstream_base="https://api.example", **kw)
     tel._offset_ns = OFFSET
     return exporter, tel
 
 
-def run(tel: Telemetry, rec: RequestRecord, src: CIMultiDictProxy[str], query: str = "") -> CIMultiDict[str]:
+def run(tel: Spans, rec: RequestRecord, src: CIMultiDictProxy[str], query: str = "") -> CIMultiDict[str]:
     headers = CIMultiDict(src)
     span = tel.start(INFO, "POST", "/v1/chat/completions", query, src, T0)
     tel.inject(span, headers)
@@ -223,7 +223,7 @@ def reference(
 ) -> tuple[tuple[ReadableSpan, ...], CIMultiDict[str]]:
     """The same request through the SDK's public API: what a tracer would export.
 
-    The attributes are taken from `ours`, the spans our Telemetry exported for it (their values
+    The attributes are taken from `ours`, the spans our `Spans` exported for it (their values
     are pinned by tests/test_spans.py); what this checks is everything else: ids, sampling,
     parents, links, flags, trace state, kinds, times, statuses, the headers upstream, and the
     encoding."""
@@ -440,7 +440,7 @@ def test_a_sampler_that_reads_attributes_sees_them_at_the_start(wrap: Any) -> No
     sampler = wrap(plug)
     assert sampler.reads_attributes
     exporter = InMemorySpanExporter()
-    tel = Telemetry(
+    tel = Spans(
         Tracing(processor=SimpleSpanProcessor(exporter), sampler=sampler),
         upstream_host="api.example", upstream_port=443, upstream_base="https://api.example",
     )  # fmt: skip
@@ -467,16 +467,16 @@ def test_a_plug_in_sampler_from_an_entry_point(plugin: Any, caplog: pytest.LogCa
 
 
 @pytest.fixture
-def in_memory() -> Iterator[tuple[InMemorySpanExporter, Telemetry]]:
+def in_memory() -> Iterator[tuple[InMemorySpanExporter, Spans]]:
     exporter = InMemorySpanExporter()
-    tel = Telemetry(
+    tel = Spans(
         Tracing(processor=SimpleSpanProcessor(exporter)),
         upstream_host="api.example", upstream_port=443, upstream_base="https://api.example",
     )  # fmt: skip
     yield exporter, tel
 
 
-def test_children_contract(in_memory: tuple[InMemorySpanExporter, Telemetry]) -> None:
+def test_children_contract(in_memory: tuple[InMemorySpanExporter, Spans]) -> None:
     exporter, tel = in_memory
     t0 = time.perf_counter()
     rec = streamed(connect=True)
@@ -528,7 +528,7 @@ def test_children_contract(in_memory: tuple[InMemorySpanExporter, Telemetry]) ->
 
 
 def test_network_failure_marks_the_network_child(
-    in_memory: tuple[InMemorySpanExporter, Telemetry],
+    in_memory: tuple[InMemorySpanExporter, Spans],
 ) -> None:
     exporter, tel = in_memory
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
@@ -546,7 +546,7 @@ def test_network_failure_marks_the_network_child(
 def test_sampled_off_injects_flags_00_and_exports_nothing() -> None:
     exporter = InMemorySpanExporter()
     tracing = Tracing(processor=SimpleSpanProcessor(exporter), sampler=ours.ALWAYS_OFF)
-    tel = Telemetry(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel = Spans(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
     headers: CIMultiDict[str] = CIMultiDict()
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
     tel.inject(span, headers)
@@ -559,7 +559,7 @@ def test_sampled_off_injects_flags_00_and_exports_nothing() -> None:
 
 
 def test_unsampled_client_parent_is_respected(
-    in_memory: tuple[InMemorySpanExporter, Telemetry],
+    in_memory: tuple[InMemorySpanExporter, Spans],
 ) -> None:
     exporter, tel = in_memory
     src = CIMultiDictProxy(CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"}))
@@ -574,7 +574,7 @@ def test_unsampled_client_parent_is_respected(
 
 
 def test_tracestate_is_continued_to_children_and_upstream(
-    in_memory: tuple[InMemorySpanExporter, Telemetry],
+    in_memory: tuple[InMemorySpanExporter, Spans],
 ) -> None:
     exporter, tel = in_memory
     src = carrier(traceparent=True, tracestate=True)
@@ -586,7 +586,7 @@ def test_tracestate_is_continued_to_children_and_upstream(
     assert {s.context.trace_state.to_header() for s in exporter.get_finished_spans()} == {"vendor=abc,other=1"}
 
 
-def test_a_request_not_traced_is_accepted(in_memory: tuple[InMemorySpanExporter, Telemetry]) -> None:
+def test_a_request_not_traced_is_accepted(in_memory: tuple[InMemorySpanExporter, Spans]) -> None:
     """forward.py falls back to NOT_TRACED when start() raises."""
     exporter, tel = in_memory
     headers = CIMultiDict({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
@@ -598,7 +598,7 @@ def test_a_request_not_traced_is_accepted(in_memory: tuple[InMemorySpanExporter,
 
 
 def test_other_propagators_keep_the_general_path(
-    in_memory: tuple[InMemorySpanExporter, Telemetry],
+    in_memory: tuple[InMemorySpanExporter, Spans],
 ) -> None:
     """With OTEL_PROPAGATORS naming something else, its headers are honoured (not just traceparent)."""
 
@@ -625,7 +625,7 @@ def test_other_propagators_keep_the_general_path(
 
 
 def test_baggage_in_the_current_context_is_still_injected(
-    in_memory: tuple[InMemorySpanExporter, Telemetry],
+    in_memory: tuple[InMemorySpanExporter, Spans],
 ) -> None:
     _, tel = in_memory
     span = tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
@@ -639,7 +639,7 @@ def test_baggage_in_the_current_context_is_still_injected(
     assert headers["traceparent"].split("-")[2] == format(span.get_span_context().span_id, "016x")
 
 
-def test_inject_never_raises(in_memory: tuple[InMemorySpanExporter, Telemetry]) -> None:
+def test_inject_never_raises(in_memory: tuple[InMemorySpanExporter, Spans]) -> None:
     _, tel = in_memory
 
     class Broken(dict):  # type: ignore[type-arg]
@@ -664,7 +664,7 @@ def test_client_baggage_reaches_the_sampler() -> None:
             return "Peek"
 
     tracing = Tracing(sampler=ours.SdkSampler(Peek()))
-    tel = Telemetry(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
+    tel = Spans(tracing, upstream_host="h", upstream_port=1, upstream_base="http://h:1")
     tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(extra={"baggage": "tenant=t1"}), T0)
     tel.start(INFO, "POST", "/v1/chat/completions", "", carrier(), T0)
     assert seen == [{"tenant": "t1"}, {}]

@@ -289,7 +289,7 @@ def test_unencodable_attributes_on_links_resources_and_scopes_are_counted() -> N
 
 
 def test_proxy_spans_equal_the_library() -> None:
-    """The spans Telemetry makes, root and children, for each scenario."""
+    """The spans `Spans` makes, root and children, for each scenario."""
     from tests.test_span_equivalence import SCENARIOS, make, run
 
     for name, (rec, src, query) in SCENARIOS.items():

@@ -2,8 +2,8 @@
 finishes and exports it from the record; what leaves equals what one process exports.
 
 Each scenario and sampler of tests/test_span_equivalence.py runs both ways: one process
-(`start`, `inject`, `finish`), and a "worker" Telemetry (no exporter) whose record, with its span's
-start, crosses the workers' channel (encoded as it sends records) to a "supervisor" Telemetry
+(`start`, `inject`, `finish`), and a "worker" `Spans` (no exporter) whose record, with its span's
+start, crosses the workers' channel (encoded as it sends records) to a "supervisor" `Spans`
 that `replay`s it. Headers sent upstream and every exported span must be equal, field by field,
 except the phase children's own span ids (each process draws its own) and the resource, which
 the supervisor gives each worker.
@@ -18,7 +18,7 @@ import pytest
 
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.spandata import Resource, SpanData
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing, build_tracing
 from proxy.workers import channel
 from proxy.workers.messages import Records
@@ -43,7 +43,7 @@ def shipped(
 ) -> tuple[tuple[SpanData, ...], Any]:
     from multidict import CIMultiDict
 
-    worker = Telemetry(
+    worker = Spans(
         Tracing(sampler=SAMPLERS[sampler][0], ids=CountingIds()), upstream_host="api.example", upstream_port=443, upstream_base="https://api.example",
         capture_content=True, ship=True, parent=parent,
     )  # fmt: skip
@@ -106,16 +106,16 @@ def test_shipped_spans_equal_one_process_spans(scenario: str, parent: str, sampl
 
 def test_nothing_is_shipped_when_the_trace_is_not_exported() -> None:
     rec, src, query = SCENARIOS["stream"]
-    worker = Telemetry(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h", ship=True)
+    worker = Spans(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h", ship=True)
     span = worker.start(INFO, "POST", "/v1/chat/completions", query, src, T0)
     assert worker.span_start(span, "dropped", None) is None  # outcome sampling dropped it
     assert worker.span_start(span, "", None) is not None
-    unsampled = Telemetry(
+    unsampled = Spans(
         Tracing(sampler=SAMPLERS["always_off"][0]), upstream_host="h", upstream_port=1,
         upstream_base="http://h", ship=True,
     )  # fmt: skip
     assert unsampled.span_start(unsampled.start(INFO, "POST", "/", "", src, T0), "", None) is None
-    one_process = Telemetry(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h")
+    one_process = Spans(Tracing(), upstream_host="h", upstream_port=1, upstream_base="http://h")
     assert one_process.span_start(one_process.start(INFO, "POST", "/", "", src, T0), "", None) is None
 
 
@@ -129,7 +129,7 @@ def test_a_worker_provider_has_no_exporter() -> None:
 def test_replay_without_an_exporter_or_a_start_does_nothing() -> None:
     rec, _src, _query = SCENARIOS["stream"]
     collect = InMemorySpanExporter()
-    tel = Telemetry(
+    tel = Spans(
         Tracing(processor=SimpleSpanProcessor(collect)), upstream_host="h", upstream_port=1, upstream_base="http://h"
     )
     tel.end(rec)  # no span start in the record

@@ -6,11 +6,11 @@ key itself is represented only by `taotrace.key.id`: the first 12 hex characters
 HMAC-SHA256(salt, key), so two keys give two ids and the key cannot be recovered from the id.
 
 An `Attributor` remembers the ids of the last `KEY_ID_CACHE` distinct keys (a client sends the
-same key on every request, and the HMAC is ~1.5 µs). The cache is keyed by a BLAKE2b-128 digest
-of the key under a random per-process key (~0.4 µs), never by the key itself: a raw key lives
-only as long as the request that carried it, and a cached digest cannot be tested against a
-guessed key outside this process. 128 bits make two keys sharing one entry (and one id) a
-non-event.
+same key on every request, and the HMAC costs more than the lookup). The cache is keyed by a
+BLAKE2b-128 digest of the key under a random per-process key, never by the key itself: a raw
+key lives only as long as the request that carried it, and a cached digest cannot be tested
+against a guessed key outside this process. 128 bits make two keys sharing one entry (and one
+id) a non-event.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = [
 KEY_ID = "taotrace.key.id"
 USER_ID = "user.id"  # where --attribute-body-user puts OpenAI `user` / Anthropic `metadata.user_id`
 MAX_VALUE_LENGTH = 256
-MAX_HEADER_ATTRIBUTES = 16  # bounds the span's attribute count (see telemetry/spans.py)
+MAX_HEADER_ATTRIBUTES = 16  # bounds the span's attribute count (see telemetry/span_end.py)
 KEY_ID_HEX = 12
 KEY_ID_CACHE = 1024  # distinct keys whose id an Attributor remembers (least recently used dropped)
 

@@ -3,7 +3,7 @@
 A request's bookkeeping (its record, spans, metrics, live view) is not done on the handler's step
 that ends it but queued, and the queue drained one record per turn of the loop: when many streams
 end together, each one's bookkeeping used to run before the next stream's last bytes, already
-readable, were read and relayed (the last token stamped +4.1 ms late at p95 with 32 streams).
+readable, were read and relayed, and their last tokens were stamped late (docs/performance.md).
 Every instant a record holds is taken before it is queued.
 """
 
@@ -22,7 +22,7 @@ class Finishing:
     `add` queues a callable and, if none is scheduled, a drain with `loop.call_soon`; each drain
     runs one and schedules the next while any are left. A `call_soon` from a loop callback runs
     only after the loop has polled its sockets again, so bytes that became readable meanwhile on
-    other connections are read and relayed before the next request's bookkeeping (~45 us each).
+    other connections are read and relayed before the next request's bookkeeping.
     Past `backlog` queued, a drain also runs the excess: under a burst that never lets the loop
     idle, the queue stays bounded and a record is late by at most that many turns. `flush` runs what is left (at exit).
     """

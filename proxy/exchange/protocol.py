@@ -125,8 +125,8 @@ class GuardedAppRunner(web.AppRunner):
     """`web.AppRunner` whose connections answer parse errors with `refusal_for`.
 
     `direct`: the handler of every request, instead of the application's router (the proxy has
-    one catch-all route: resolving it, building its match info and looking for middlewares cost
-    ~10 µs per request before the request could go upstream). The application still owns the
+    one catch-all route: resolving it, building its match info and looking for middlewares was
+    work on every request before the request could go upstream). The application still owns the
     start-up and clean-up; `direct` must do what the router did that it needs (the proxy's:
     `Expect`)."""
 

@@ -90,8 +90,8 @@ class Relay:
     `start` sends the response head with the body bytes read with the upstream's head, in one
     send (one wake-up of the client instead of two), or alone at once when none came with it.
     The final chunk is not joined to the read that ends the body: the client then had its end
-    before the proxy's bookkeeping of the request, and a burst of 32 streams sent its next burst
-    into that bookkeeping (added TTFT p50 +1.4 ms in `tests/bench/load.py` batches).
+    before the proxy's bookkeeping of the request, and a burst of streams sent its next burst
+    into that bookkeeping, adding to its TTFT (docs/performance.md).
     """
 
     __slots__ = (

@@ -1,5 +1,5 @@
 """What the exchange asks of tracing, as a protocol: the telemetry that implements it
-(`proxy.telemetry.spans.Telemetry`) sits above the exchange and reads its records.
+(`proxy.telemetry.spans.Spans`) sits above the exchange and reads its records.
 
 A request's root span is started before its bytes go upstream (the upstream's `traceparent`
 names it), and concluded once when the request ends: its trace id and the outcome sampling

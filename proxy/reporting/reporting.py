@@ -2,7 +2,7 @@
 
     Reporting(config)
       metrics      the `taotrace_*` families on their registry
-      telemetry    spans: started here (one process) or in the workers, ended from each record here
+      spans        started here (one process) or in the workers, ended from each record here
       observers    fed every finished record: the caller's, the OTLP GenAI metrics, the live view
       start(...)   the metrics port: /metrics /healthz /readyz and the live view
       close(hurried)  the metrics port stops, queued GenAI metrics are recorded, spans and OTLP
@@ -38,19 +38,20 @@ from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics, ModelLabels
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing, build_tracing, shutdown_tracing
 from proxy.ui import LiveView
 from proxy.ui.live import Active
 
 __all__ = [
     "HURRIED_SHUTDOWN_SECONDS", "TRACE_SHUTDOWN_SECONDS", "Reporting", "genai_metrics_for", "metrics_for",
-    "telemetry_for",
+    "spans_for",
 ]  # fmt: skip
 
 log = logging.getLogger("taotrace")
-# The last span flush at exit. A healthy collector takes milliseconds; a dead one gets 2 s, so
-# exit comes within drain_seconds + ~2.1 s even when streams run to the deadline (3 s made 5.05 s).
+# The last span flush at exit. A healthy collector takes milliseconds; a dead one gets this long,
+# so exit comes just after drain_seconds + this even when streams run to the deadline
+# (docs/reliability.md).
 TRACE_SHUTDOWN_SECONDS = 2.0
 HURRIED_SHUTDOWN_SECONDS = 0.5  # the same after a second signal: cut now means now
 
@@ -66,14 +67,12 @@ def metrics_for(config: Config, registry: CollectorRegistry | None) -> Metrics:
     )
 
 
-def telemetry_for(
-    config: Config, tracing: Tracing, *, ship: bool = False, env: Mapping[str, str] | None = None
-) -> Telemetry:
+def spans_for(config: Config, tracing: Tracing, *, ship: bool = False, env: Mapping[str, str] | None = None) -> Spans:
     """The spans this configuration asks for: started in the serving process, ended where
     `tracing` exports them (here, or from what a worker ships: `ship`). `env`: where
     `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the process environment)."""
     settings, root = config.settings, config.root
-    return Telemetry(
+    return Spans(
         tracing,
         upstream_host=root.host,
         upstream_port=root.port,
@@ -140,7 +139,7 @@ class Reporting:
         )
         self._own_meters = meter_provider is None
         self.meters = build_meter_provider(env) if meter_provider is None else meter_provider
-        self.telemetry = telemetry_for(config, self.tracing, env=env)
+        self.spans = spans_for(config, self.tracing, env=env)
         self._env = env
         # Named: a sink that fails is counted under its name in taotrace_sink_errors_total{sink}.
         observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]

@@ -207,8 +207,7 @@ def create_proxy_app(
 Pages = Callable[[bool], Iterable[bytes]]  # openmetrics? -> the /metrics page, piece by piece
 # A scrape renders on the event loop, giving it back at least this often: any stream's next
 # chunk waits at most about this long for a scrape (a thread would keep the GIL for whole
-# switch intervals, and ~1,000 pieces at the model cap cost well under a millisecond in all
-# when few of them changed).
+# switch intervals, and the pieces whose children did not change cost next to nothing).
 RENDER_SLICE_SECONDS = 0.0002
 WRITE_PIECE_BYTES = 256 * 1024  # what one write hands the socket: a page of 13 MB is ~50 writes
 

@@ -32,14 +32,14 @@ __all__ = [
 
 T = TypeVar("T")
 # The span exporter's thread keeps the GIL for up to the switch interval (5 ms by default)
-# before the event loop gets it back, and every stream waits with it. At 1 ms, loop lag p99 under 100 streams/s with a healthy collector fell from 5-7 ms to 2-3.
+# before the event loop gets it back, and every stream waits with it: a shorter interval bounds
+# that wait (loop lag: docs/performance.md).
 LOOP_SWITCH_INTERVAL = 0.001  # seconds, for every serving process (one, or a group's workers)
 # The youngest generation is collected when allocations outnumber deallocations by this much.
 # A request's objects live until it ends, so at the default (700) a burst of streams starting
-# together crossed it mid-burst: 32 streams at a time ran ~200 young collections of ~0.5 ms in
-# 6,500 requests (and their survivors fed older, slower ones), ~30 µs of CPU per request spent
-# walking objects that were all alive. At 10,000 the same load ran none; 128 streams at a time
-# ran 3 (of ~30 ms on a loaded host) instead of 346 young and 31 middle ones (455 ms in all).
+# together crossed it mid-burst, again and again: each collection walked objects that were all
+# alive, and its survivors fed the older, slower generations. At this threshold such a burst
+# runs few collections or none (docs/performance.md).
 GC_YOUNG_THRESHOLD = 10_000
 
 

@@ -28,7 +28,7 @@ from proxy.server.lifecycle import Drained, drain
 from proxy.server.listen import http_url
 from proxy.telemetry.accesslog import AccessLog
 from proxy.telemetry.metrics import Recorder
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 
 __all__ = ["serving"]
 
@@ -56,7 +56,7 @@ async def serving(
     socks: Sequence[socket.socket],
     running: InFlightRequests,
     *,
-    telemetry: Telemetry,
+    spans: Spans,
     recorder: Recorder,
     observers: Sequence[Named[RequestRecord]],
     stop_now: asyncio.Event | None = None,
@@ -74,14 +74,14 @@ async def serving(
     cap refused (a worker's go to its supervisor with its records)."""
     settings = config.settings
     consumers: list[Named[RequestRecord]] = []
-    if telemetry.exporting:  # else the spans are built where the records go (a group's supervisor), or nowhere
-        consumers.append(Named("spans", telemetry.end))
+    if spans.exporting:  # else the spans are built where the records go (a group's supervisor), or nowhere
+        consumers.append(Named("spans", spans.end))
     consumers.append(Named(recorder.sink_name, recorder.record))
     consumers.extend(observers)
     if settings.access_log:
         consumers.append(Named("access_log", AccessLog(logging.getLogger("taotrace.access"))))
     app = create_proxy_app(
-        config, telemetry, consumers, running, recorder, mirror_dropped=mirror_dropped, dialects=dialects
+        config, spans, consumers, running, recorder, mirror_dropped=mirror_dropped, dialects=dialects
     )
     runner = GuardedAppRunner(  # parse errors answered without quoting the request (secrets)
         app,

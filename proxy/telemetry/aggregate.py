@@ -44,7 +44,15 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from proxy.exchange.series import Binned, bucket_pairs
 
-__all__ = ["CARDINALITY_LIMIT", "OVERFLOW", "AttributeSet", "Counter", "Histogram", "Meter", "temporality_from_env"]
+__all__ = [
+    "CARDINALITY_LIMIT",
+    "OVERFLOW",
+    "AttributeSet",
+    "CounterInstrument",
+    "HistogramInstrument",
+    "Meter",
+    "temporality_from_env",
+]
 
 Attributes = Mapping[str, "str | int | bool"]
 CARDINALITY_LIMIT = 2000  # the spec's default, points per instrument including the overflow one
@@ -144,7 +152,7 @@ class _Instrument:
         return self._last_ns if self.temporality is AggregationTemporality.DELTA else self._clock()
 
 
-class Histogram(_Instrument):
+class HistogramInstrument(_Instrument):
     """An explicit-bucket histogram with the given upper `bounds` (ascending)."""
 
     def __init__(
@@ -273,7 +281,7 @@ class Histogram(_Instrument):
         return Metric(self.name, self.description, self.unit, HistogramData(points, self.temporality))
 
 
-class Counter(_Instrument):
+class CounterInstrument(_Instrument):
     """A monotonic sum."""
 
     def __init__(
@@ -311,7 +319,7 @@ class Counter(_Instrument):
             state.value += amount
 
     def collect(self) -> Metric | None:
-        """As `Histogram.collect`: a monotonic Sum."""
+        """As `HistogramInstrument.collect`: a monotonic Sum."""
         now = self._clock()
         with self._lock:
             states = self._states
@@ -342,15 +350,15 @@ class Meter:
         self.temporality = temporality
         self._clock = clock
         self._limit = limit
-        self.instruments: list[Histogram | Counter] = []
+        self.instruments: list[HistogramInstrument | CounterInstrument] = []
 
-    def histogram(self, name: str, unit: str, description: str, bounds: Iterable[float]) -> Histogram:
-        h = Histogram(name, unit, description, bounds, self.temporality, clock=self._clock, limit=self._limit)
+    def histogram(self, name: str, unit: str, description: str, bounds: Iterable[float]) -> HistogramInstrument:
+        h = HistogramInstrument(name, unit, description, bounds, self.temporality, clock=self._clock, limit=self._limit)
         self.instruments.append(h)
         return h
 
-    def counter(self, name: str, unit: str, description: str) -> Counter:
-        c = Counter(name, unit, description, self.temporality, clock=self._clock, limit=self._limit)
+    def counter(self, name: str, unit: str, description: str) -> CounterInstrument:
+        c = CounterInstrument(name, unit, description, self.temporality, clock=self._clock, limit=self._limit)
         self.instruments.append(c)
         return c
 

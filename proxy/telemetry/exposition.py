@@ -116,9 +116,9 @@ class Registry:
 
 C = TypeVar("C")
 # Children per group: a group's page is rendered again only when one of its children changed,
-# and it is what a scrape renders between two turns of the event loop. At the 100-model cap,
-# every child changed, the slowest group took 0.24 ms at 16 (0.45 at 32, 0.78 at 64), and a page
-# with nothing new 1.4-1.6 ms in all (1.2 at 64): 482 groups walked instead of 7,589 children.
+# and it is what a scrape renders between two turns of the event loop. Small enough that one
+# group holds the loop briefly, large enough that a page with nothing new walks few groups
+# (docs/performance.md).
 GROUP_SIZE = 16
 
 
@@ -160,7 +160,7 @@ class _Family(Generic[C]):
         """The child for these label values (created on first use, then reused)."""
         if not named:
             # The hot path (the forwarder's in-flight gauge, once a request): values passed as
-            # strings find their child without a key being built (~0.1 vs ~0.6 µs).
+            # strings find their child without a key being built.
             found = self.children.get(values)  # type: ignore[arg-type]
             if found is not None:
                 return found
@@ -287,7 +287,7 @@ class _Buckets:
         self.cache: list[tuple[int, bytes] | None] = [None, None]  # [text, openmetrics]
 
     def _template(self, positions: tuple[int, ...] = ()) -> bytes:
-        """The child's lines as one bytes `%` template (bytes formatting of ints is ~2x faster than
+        """The child's lines as one bytes `%` template (bytes formatting of ints is cheaper than
         str's): each bucket's count as `N.0` (then its exemplar, where it has one), then the
         count and the sum."""
         lines = [
@@ -328,8 +328,7 @@ class _Buckets:
         series (a worker's) adds its counts.
 
         Sorted (in C), the values of one bucket are a run: two bisects count it, so a stream's
-        gaps, which fall in a few buckets, cost a sort rather than a Python step per value
-        (0.4 vs 1.8 µs for 19 relay timings, 7.6 vs 24 µs for 255 gaps; tests/bench/finish_micro.py).
+        gaps, which fall in a few buckets, cost a sort rather than a Python step per value.
         """
         if not values:
             return

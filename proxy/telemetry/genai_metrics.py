@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from proxy import __version__
 from proxy.dialects import Usage
 from proxy.exchange.record import RequestRecord
-from proxy.telemetry.aggregate import AttributeSet, Counter, Histogram, temporality_from_env
+from proxy.telemetry.aggregate import AttributeSet, CounterInstrument, HistogramInstrument, temporality_from_env
 from proxy.telemetry.metric_pipeline import DEFAULT_INTERVAL, DEFAULT_TIMEOUT, MetricPipeline, exporters_from_env
 from proxy.telemetry.metrics import BUCKETS_LATENCY, BUCKETS_OVERHEAD, ERROR_TYPES, ModelLabels
 from proxy.telemetry.otlp_env import sdk_disabled
@@ -307,8 +307,8 @@ class _ClientMetrics:
         self.meter = meter = provider.get_meter("taotrace", __version__, names.schema_url)
         seconds = BUCKETS_SPEC_SECONDS
         self.duration = meter.histogram(names.duration, "s", "GenAI operation duration.", seconds)
-        self.tokens: Histogram | None = None
-        self.token_counter: Counter | None = None
+        self.tokens: HistogramInstrument | None = None
+        self.token_counter: CounterInstrument | None = None
         if names.tokens_counter:
             self.token_counter = meter.counter(names.tokens, "{token}", "Number of input and output tokens used.")
         else:

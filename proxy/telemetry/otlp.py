@@ -34,11 +34,11 @@ _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<Q").pack
 
 
-# Encoding runs in the batch processor's thread, in pure Python, ~6-12 us per span: a 200-span
-# batch held the GIL for bursts of up to 4 ms. The event loop gives the GIL up on every
-# epoll_wait, and CPython's forced switch (the switch interval) did not hand it back promptly:
-# a wake-up during a burst waited for most of it. Releasing the GIL every 16 spans (~100-200 us):
-# loop wake-ups over 500 us while 200-span batches were encoded fell from 9-13 % to 0.2-4 %.
+# Encoding runs in the batch processor's thread, in pure Python: a batch held the GIL for a burst.
+# The event loop gives the GIL up on every epoll_wait, and CPython's forced switch (the switch
+# interval) did not hand it back promptly: a wake-up during a burst waited for most of it. So the
+# encoder gives it up every few spans; each release costs a system call, so not after every one
+# (the count: docs/performance.md).
 PAUSE_EVERY = 16
 
 

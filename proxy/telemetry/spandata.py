@@ -1,7 +1,7 @@
 """A finished span as taotrace exports it, and the two roles that move spans out of the process.
 
 The pipeline is our own, built on the OTLP wire format rather than on the OpenTelemetry SDK's
-span classes: `spans.Telemetry` makes `SpanData`, a `SpanProcessor` receives each one as it ends
+span classes: `spans.Spans` makes `SpanData`, a `SpanProcessor` receives each one as it ends
 (the batch processor queues them for a thread), and a `SpanExporter` sends a batch (ours over
 OTLP, any SDK exporter through `span_pipeline.LibrarySpanExporter`, or memory for tests). Field
 names are those of the SDK's `ReadableSpan`, so code and tests that read either read both. Context, link, status and kind are the OpenTelemetry API's

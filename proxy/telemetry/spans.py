@@ -1,9 +1,9 @@
 """OpenTelemetry spans of one request, built by the proxy itself and exported over OTLP.
 
 A root span (`{operation} {model}`, kind CLIENT) is started when the request head has been
-read, so its context can be injected upstream; the phase children `network`, `prefill_wait`
-and `decode` are made when the request ends, from the frozen timing, with explicit times, and
-handed with the root to the span processor as `SpanData` (see `spandata.py`, `tracing.py`).
+read, so its context can be injected upstream, and concluded once when the request ends (its
+trace id, the outcome sampling decision, and its start for the record). The span observer
+`end` builds the root and its phase children from the record (`span_end.py`).
 """
 
 from __future__ import annotations
@@ -17,17 +17,7 @@ from opentelemetry import trace
 from opentelemetry.baggage import get_all as get_all_baggage
 from opentelemetry.context import Context, get_current
 from opentelemetry.propagate import extract, get_global_textmap, inject
-from opentelemetry.trace import (
-    INVALID_SPAN_CONTEXT,
-    Link,
-    NonRecordingSpan,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-    TraceState,
-)
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AnyValue
 
 from proxy import __version__
@@ -38,20 +28,15 @@ from proxy.exchange.timing import RequestTiming
 from proxy.telemetry import propagation
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
-from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData, SpanProcessor
-from proxy.telemetry.tracing import SpanLimits, Tracing
+from proxy.telemetry.span_end import EMPTY_STATE, FLAGS, RANDOM_TRACE_ID, SpanEnd
+from proxy.telemetry.spandata import Resource, Scope
+from proxy.telemetry.tracing import Tracing
 
-__all__ = ["NOT_TRACED", "RootSpan", "Telemetry", "bounded", "network_attributes"]
+__all__ = ["NOT_TRACED", "RootSpan", "Spans"]
 
 log = logging.getLogger("taotrace")
 
-# (name, start ns, end ns, attributes, error status) of a phase child.
-
-_RANDOM_TRACE_ID = 0x02  # W3C Trace Context level 2: the trace id's right 7 bytes are random
 _SAMPLED = TraceFlags.SAMPLED
-_EMPTY_STATE = TraceState()
-_FLAGS = tuple(TraceFlags(flags) for flags in range(256))  # each byte's TraceFlags, made once
-_CLIENT, _INTERNAL = SpanKind.CLIENT, SpanKind.INTERNAL
 
 
 class RootSpan:
@@ -111,51 +96,6 @@ def _redacted_query(query: str) -> str:
     return "&".join(f"{name}=REDACTED" for name in names)
 
 
-def _tcp_attributes(attrs: dict[str, AnyValue], rec: RequestRecord) -> None:
-    """The upstream connection's TCP_INFO for this request, and the server-wait estimate."""
-    tcp = rec.tcp
-    assert tcp is not None
-    for key, value in (
-        ("taotrace.tcp.rtt", tcp.rtt),
-        ("taotrace.tcp.rtt_var", tcp.rtt_var),
-        ("taotrace.tcp.min_rtt", tcp.min_rtt),
-        ("taotrace.tcp.retransmits", tcp.retransmits),
-        ("taotrace.tcp.out_of_order", tcp.out_of_order),
-        ("taotrace.tcp.delivery_rate", tcp.delivery_rate),
-        ("taotrace.server_wait", rec.server_wait),
-    ):
-        if value is not None:
-            attrs[key] = value
-
-
-def _cut(value: AnyValue, length: int) -> AnyValue:
-    if isinstance(value, str):
-        return value[:length]
-    if isinstance(value, tuple | list):
-        return tuple(v[:length] if isinstance(v, str) else v for v in value)
-    return value
-
-
-def bounded(attributes: dict[str, AnyValue], limits: SpanLimits) -> tuple[dict[str, AnyValue], int]:
-    """`attributes` within `limits`, and how many were dropped. By default nothing bites (the
-    proxy's spans carry far fewer than 128 attributes): then `attributes` itself, at once."""
-    length = limits.length
-    dropped = len(attributes) - limits.count
-    if dropped <= 0 and length is None:
-        return attributes, 0
-    if dropped > 0:
-        attributes = dict(list(attributes.items())[dropped:])  # the latest kept, as the SDK keeps them
-    if length is not None:
-        attributes = {key: _cut(value, length) for key, value in attributes.items()}
-    return attributes, max(dropped, 0)
-
-
-def _context(ids: SpanContextValues) -> SpanContext:
-    """A span context from the plain values a `SpanStart` carries."""
-    trace_id, span_id, flags, remote, state = ids
-    return SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)))
-
-
 def _values(context: SpanContext) -> SpanContextValues:
     return (
         context.trace_id,
@@ -166,7 +106,7 @@ def _values(context: SpanContext) -> SpanContextValues:
     )
 
 
-class Telemetry:
+class Spans:
     """Starts and ends the spans of each request, with the sampler, ids and processor of `tracing`."""
 
     def __init__(
@@ -198,7 +138,7 @@ class Telemetry:
         self.parent = parent
         # Ship: this process only starts spans (ids, sampling, context upstream); each finished
         # request carries its root's start (`span_start`) to the telemetry process, which
-        # finishes and exports it (`replay`). Spans are never built or encoded here.
+        # finishes and exports it (`end`). Spans are never built or encoded here.
         self.ship = ship
         self.server_address = upstream_host
         self.server_port = upstream_port
@@ -206,6 +146,7 @@ class Telemetry:
         self.capture_content = capture_content
         self.capture_io_values = capture_io_values and capture_content
         self.sampling = sampling
+        self._span_end = SpanEnd(tracing, self.scope, capture_content, self.capture_io_values)
         # perf_counter seconds -> epoch nanoseconds, fixed at start (spans need wall time).
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
         self._textmap: object = None  # the global propagator last classified
@@ -279,15 +220,15 @@ class Telemetry:
             random_id = getattr(ids, "random_trace_id", False)
         else:
             trace_id = parent.trace_id
-            random_id = bool(parent.trace_flags & _RANDOM_TRACE_ID)
+            random_id = bool(parent.trace_flags & RANDOM_TRACE_ID)
         # A sampler that may read the attributes (a plug-in's) sees them, as the conventions ask.
         attributes = self._attributes(info, method, path, query, route) if self._eager_attributes else None
         result = tracing.sampler.should_sample(parent, trace_id, name, SpanKind.CLIENT, attributes, linked, context)
-        flags = (_SAMPLED if result.sampled else 0) | (_RANDOM_TRACE_ID if random_id else 0)
+        flags = (_SAMPLED if result.sampled else 0) | (RANDOM_TRACE_ID if random_id else 0)
         state = result.trace_state
         if state is None:
-            state = _EMPTY_STATE if parent is None else parent.trace_state
-        span_context = SpanContext(trace_id, ids.generate_span_id(), False, _FLAGS[flags], state)
+            state = EMPTY_STATE if parent is None else parent.trace_state
+        span_context = SpanContext(trace_id, ids.generate_span_id(), False, FLAGS[flags], state)
         if attributes is None:
             make = partial(self._attributes, info, method, path, query, route, result.attributes)
             return RootSpan(name, span_context, parent, None, self._ns(t0), linked, result.sampled, make)
@@ -401,150 +342,6 @@ class Telemetry:
             span=self.span_start(span, sampling, output_text, output_value),
         )
 
-    def _end(
-        self,
-        processor: SpanProcessor,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        start_time: int,
-        links: tuple[Link, ...],
-        attrs: dict[str, AnyValue],
-        rec: RequestRecord,
-        output_text: str | None,
-        output_value: str | None,
-        offset: int,
-        resource: Resource,
-    ) -> None:
-        """The root's attributes from the record (into `attrs`, the root's own dict), its phase
-        children and the root itself, to `processor`."""
-        t = rec.timing
-        status = UNSET
-        u = rec.usage
-        # Written straight into the root's attributes, in the order they are documented (no
-        # second dict merged in, no tuple of pairs built per request): the same keys in the
-        # same order as an update() would leave them.
-        attrs["http.response.status_code"] = rec.status_code
-        attrs["taotrace.duration"] = t.duration
-        if rec.response_model is not None:
-            attrs["gen_ai.response.model"] = rec.response_model
-        if rec.response_id is not None:
-            attrs["gen_ai.response.id"] = rec.response_id
-        if u.input_tokens is not None:
-            attrs["gen_ai.usage.input_tokens"] = u.input_tokens
-        # Only what the provider reported: viewers price gen_ai.usage.*; our own count of a
-        # stream's token events is taotrace.token_events.
-        if u.output_tokens is not None and rec.usage_source == "reported":
-            attrs["gen_ai.usage.output_tokens"] = u.output_tokens
-        if u.cached_input_tokens is not None:
-            attrs["gen_ai.usage.cache_read.input_tokens"] = u.cached_input_tokens
-        if u.cache_creation_input_tokens is not None:
-            attrs["gen_ai.usage.cache_creation.input_tokens"] = u.cache_creation_input_tokens
-        if u.reasoning_tokens is not None:
-            attrs["gen_ai.usage.reasoning.output_tokens"] = u.reasoning_tokens
-        if t.ttfc is not None:  # the spec's first chunk, not our first token
-            attrs["gen_ai.response.time_to_first_chunk"] = t.ttfc
-        if t.ttft is not None:
-            attrs["taotrace.ttft"] = t.ttft
-        if t.ttfb is not None:
-            attrs["taotrace.ttfb"] = t.ttfb
-        if t.time_to_headers is not None:
-            attrs["taotrace.time_to_headers"] = t.time_to_headers
-        if t.tpot is not None:
-            attrs["taotrace.tpot"] = t.tpot
-        if t.connection_reused is not None:
-            attrs["taotrace.connection.reused"] = t.connection_reused
-        if rec.sampling:
-            attrs["taotrace.sampling.reason"] = rec.sampling
-        if rec.pair_id is not None:  # --mirror: the request and its copy
-            attrs["taotrace.pair_id"] = rec.pair_id
-            attrs["taotrace.mirror"] = rec.mirror
-        if rec.finish_reasons:  # a tuple: what the SDK's BoundedAttributes would store for a list
-            attrs["gen_ai.response.finish_reasons"] = tuple(rec.finish_reasons)
-        if rec.tcp is not None:
-            _tcp_attributes(attrs, rec)
-        if rec.stream:
-            attrs["taotrace.usage_source"] = rec.usage_source
-            attrs["taotrace.token_events"] = t.token_events
-        if rec.attributes:  # attribution: header values, user.id, taotrace.key.id (never the key)
-            attrs.update(rec.attributes)
-        if rec.rate_limits is not None:
-            attrs.update(rec.rate_limits.attributes())
-        if rec.cost is not None and rec.cost.amount is not None:
-            attrs["taotrace.cost"] = rec.cost.amount
-            attrs["taotrace.cost.currency"] = rec.cost.currency
-        if output_text is not None and self.capture_content:  # JSON, bounded by the dialect's reader
-            attrs["gen_ai.output.messages"] = output_text
-        if output_value is not None and self.capture_io_values:  # plain text, bounded likewise
-            attrs["output.value"] = output_value
-            attrs["output.mime_type"] = "text/plain"
-        if rec.error_type:
-            attrs["error.type"] = rec.error_type
-            status = Status(StatusCode.ERROR, rec.error_type)
-        tracing = self.tracing
-        self._children(processor, context, rec, offset, resource)
-        attributes, dropped = bounded(attrs, tracing.limits)  # within limits: the root's dict itself
-        processor.on_end(
-            SpanData(
-                name, context, parent, _CLIENT, start_time, int(t.end * 1e9) + offset, attributes, resource,
-                self.scope, status, links, (), dropped,
-            )
-        )  # fmt: skip
-
-    def _children(
-        self, processor: SpanProcessor, parent: SpanContext, rec: RequestRecord, offset: int, resource: Resource
-    ) -> None:
-        """The phase children, straight from the timing: `network`, then `prefill_wait` and
-        `decode` once a first token came."""
-        t = rec.timing
-        sent = t.sent
-        start = int(t.start * 1e9) + offset
-        end = int((t.end if sent is None else sent) * 1e9) + offset
-        status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
-        self._child(processor, parent, "network", start, end, network_attributes(t), status, resource)
-        if sent is None or t.first_token is None:
-            return
-        first = int(t.first_token * 1e9) + offset
-        last = int(t.last_token * 1e9) + offset if t.last_token is not None else first
-        self._child(processor, parent, "prefill_wait", end, first, {}, UNSET, resource)
-        self._child(
-            processor, parent, "decode", first, last, {"taotrace.token_events": t.token_events}, UNSET, resource
-        )
-
-    def _child(
-        self,
-        processor: SpanProcessor,
-        parent: SpanContext,
-        name: str,
-        start: int,
-        end: int,
-        attrs: dict[str, AnyValue],
-        status: Status,
-        resource: Resource,
-    ) -> None:
-        """One phase child of a sampled root. A sampler that `follows` (the built-in ones) samples
-        it with the root's trace state; another is asked, as for any child span."""
-        tracing = self.tracing
-        sampler, new_span_id = tracing.sampler, tracing.ids.generate_span_id
-        state = parent.trace_state
-        if not sampler.follows:
-            result = sampler.should_sample(parent, parent.trace_id, name, SpanKind.INTERNAL, None, (), None)
-            if not result.sampled:
-                new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
-                return
-            if result.trace_state is not None:
-                state = result.trace_state
-            if result.attributes:
-                attrs = {**attrs, **result.attributes}
-        flags = _FLAGS[_SAMPLED | (parent.trace_flags & _RANDOM_TRACE_ID)]
-        attrs, dropped = bounded(attrs, tracing.limits)
-        processor.on_end(
-            SpanData(
-                name, SpanContext(parent.trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, start, end,
-                attrs, resource, self.scope, status, (), (), dropped,
-            )
-        )  # fmt: skip
-
     def span_start(
         self, span: RootSpan, sampling: str, output_text: str | None, output_value: str | None = None
     ) -> SpanStart | None:
@@ -571,36 +368,5 @@ class Telemetry:
         )
 
     def end(self, rec: RequestRecord, resource: Resource | None = None) -> None:
-        """The span observer: the root as it was started (same ids, start and attributes, from
-        `rec.span`), its attributes from the record, its phase children, to the processor.
-        `resource`: the process that served it (default this one's; a group's supervisor passes
-        the worker's, with its `service.instance.id`)."""
-        seed = rec.span
-        processor = self.tracing.processor
-        if seed is None or processor is None or rec.sampling == "dropped":
-            return  # nothing shipped, no exporter here, or nothing to make
-        # The root's context straight from the plain values (no RootSpan between them); most
-        # roots carry no trace state: the shared empty one, not a new one each.
-        state = TraceState(list(seed.trace_state)) if seed.trace_state else _EMPTY_STATE
-        context = SpanContext(seed.trace_id, seed.span_id, False, _FLAGS[seed.trace_flags & 0xFF], state)
-        parent = None if seed.parent is None else _context(seed.parent)
-        links = tuple(Link(_context(link)) for link in seed.links) if seed.links else ()
-        attributes: dict[str, AnyValue] = seed.attributes  # the span's own now
-        self._end(
-            processor, seed.name, context, parent, seed.start, links, attributes, rec, seed.output,
-            seed.output_value, seed.offset, resource or self.tracing.resource,
-        )  # fmt: skip
-
-
-def network_attributes(t: RequestTiming) -> dict[str, AnyValue]:
-    """The `network` span's connection steps, each only when it was measured."""
-    attrs: dict[str, AnyValue] = {}
-    if t.connection_reused is not None:
-        attrs["taotrace.connection.reused"] = t.connection_reused
-    if t.pool_wait is not None:
-        attrs["taotrace.pool_wait"] = t.pool_wait
-    if t.dns is not None:
-        attrs["taotrace.dns"] = t.dns
-    if t.connect is not None:
-        attrs["taotrace.connect"] = t.connect
-    return attrs
+        """The span observer: the root and its phase children from `rec` (see `SpanEnd.end`)."""
+        self._span_end.end(rec, resource)

@@ -1,6 +1,6 @@
 """Where the proxy's spans come from and where they go, from the standard `OTEL_*` variables.
 
-`Tracing` bundles what `spans.Telemetry` needs: the resource (the SDK's `Resource.create()`:
+`Tracing` bundles what `spans.Spans` needs: the resource (the SDK's `Resource.create()`:
 `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPERIMENTAL_RESOURCE_DETECTORS`), the head
 sampler (`OTEL_TRACES_SAMPLER`), the id generator, and the span processor: one batch processor
 (`OTEL_BSP_*`) per exporter `OTEL_TRACES_EXPORTER` lists, as the SDK has. `otlp` is our own OTLP

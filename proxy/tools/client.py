@@ -14,7 +14,7 @@ token is.
 At the first token it also reads the kernel's `TCP_INFO` of the connection that carried the
 request (Linux), and with a `ConnectTimer` on the session, the time spent opening that
 connection: together, the network's share of the TTFT (`network_share`). Through a forward
-proxy (a `Route` from `proxy.tools.route`) both are to the forward proxy, and the line says so.
+proxy (a `ToolRoute` from `proxy.tools.route`) both are to the forward proxy, and the line says so.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from proxy.dialects import (
     reader_for,
 )
 from proxy.dialects.sse import SSEDecoder, SSEEvent
-from proxy.tools.route import DIRECT, Route, os_reason
+from proxy.tools.route import DIRECT, ToolRoute, os_reason
 from proxy.upstream import tcpinfo
 
 __all__ = [
@@ -268,7 +268,7 @@ def tls_context() -> ssl.SSLContext:
     return context
 
 
-def network_share(m: Measurement, route: Route = DIRECT) -> str | None:
+def network_share(m: Measurement, route: ToolRoute = DIRECT) -> str | None:
     """The one line: "your network adds X ms of the Y ms TTFT (...)"; None without TCP_INFO.
     Through a forward proxy the connection and its round trip are to the proxy: "at least"."""
     network = m.network_s
@@ -295,7 +295,7 @@ async def _exchange(
     headers: Mapping[str, str],
     stream: _Stream,
     clock: Callable[[], float],
-    route: Route,
+    route: ToolRoute,
 ) -> tuple[int, str | None, tcpinfo.TcpInfo | None]:
     """POST and read the answer into `stream`: (status, error, the connection's TCP_INFO at the
     first token). Errors name the kind of failure, never the exception's text (it can carry the URL)."""
@@ -337,7 +337,7 @@ async def measure(
     headers: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     connect_timer: ConnectTimer | None = None,
-    route: Route = DIRECT,
+    route: ToolRoute = DIRECT,
 ) -> Measurement:
     """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`.
 

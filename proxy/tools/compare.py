@@ -39,10 +39,10 @@ from proxy.tools.compare_plot import svg
 from proxy.tools.compare_prompts import BUILTIN_PROMPTS, Prompt, PromptError, call_for, parse_jsonl
 from proxy.tools.compare_report import TargetInfo, result, text
 from proxy.tools.compare_verdict import Thresholds
-from proxy.tools.route import Route, route_for
+from proxy.tools.route import ToolRoute, route_for
 from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 
-__all__ = ["CompareSettings", "Progress", "Side", "compare", "load_prompts", "report", "run", "sides_from"]
+__all__ = ["CompareProgress", "CompareSettings", "Side", "compare", "load_prompts", "report", "run", "sides_from"]
 
 T = TypeVar("T")
 WARMUP_PROMPT = Prompt("warm-up", ({"role": "user", "content": "Say OK."},))
@@ -131,7 +131,7 @@ class Side:
     base_url: str
     model: str
     api_key: str | None = field(repr=False)
-    route: Route
+    route: ToolRoute
 
 
 def _key(names: Sequence[str], environ: Mapping[str, str], flag: bool) -> str | None:
@@ -177,7 +177,7 @@ def load_prompts(settings: CompareSettings) -> list[Prompt] | None:
     return parse_jsonl(content, settings.prompts)
 
 
-class Progress:
+class CompareProgress:
     """Where the run stands, on stderr: one line redrawn on a terminal, plain lines otherwise."""
 
     def __init__(self, stream: TextIO, tty: bool) -> None:
@@ -312,7 +312,7 @@ def run(settings: CompareSettings, out: TextIO | None = None, err: TextIO | None
         print(f"taotrace compare: error: {exc}", file=err)
         return 2
     samples: list[Sample] = []
-    progress = Progress(err, err.isatty())
+    progress = CompareProgress(err, err.isatty())
     ended = asyncio.run(_stoppable(compare(settings, sides, prompts, samples, progress)))
     progress.done()
     interrupted = isinstance(ended, int)

@@ -45,7 +45,7 @@ from proxy.tools.experiments import Run, RunResult, format_report, plan, plot_js
 from proxy.tools.progress import Progress
 from proxy.tools.stoppable import interrupted_status, unless_stopped
 
-__all__ = ["DemoSettings", "Records", "demo", "experiments", "run"]
+__all__ = ["AwaitedRecords", "DemoSettings", "demo", "experiments", "run"]
 
 RECORD_WAIT_S = 5.0
 
@@ -85,7 +85,7 @@ class DemoSettings(BaseSettings):
     _check_upstream = field_validator("upstream")(check_upstream)
 
 
-class Records:
+class AwaitedRecords:
     """The proxy's records, matched to the client's runs by trace id (the demo sends a traceparent)."""
 
     def __init__(self) -> None:
@@ -118,7 +118,7 @@ async def _one(
     base_url: str,
     run: Run,
     settings: DemoSettings,
-    records: Records,
+    records: AwaitedRecords,
     api_key: str | None,
     kv_bytes: Callable[[str | None], int | None],
 ) -> RunResult:
@@ -142,7 +142,7 @@ async def _warm_up(session: aiohttp.ClientSession, base_url: str, headers: dict[
 async def experiments(
     base_url: str,
     settings: DemoSettings,
-    records: Records,
+    records: AwaitedRecords,
     *,
     api_key: str | None = None,
     kv_bytes: Callable[[str | None], int | None] = _no_kv,
@@ -228,7 +228,7 @@ async def demo(
         via = f" through the {forward.where}" if forward is not None else ""
     port = settings.port if settings.port is not None else (0 if settings.once else 8787)
     metrics_port = settings.metrics_port if settings.metrics_port is not None else (0 if settings.once else 9464)
-    records = Records()
+    records = AwaitedRecords()
     stop_now = shutdown.now if shutdown is not None else None
     async with AsyncExitStack() as stack:
         kv: Callable[[str | None], int | None] = _no_kv

@@ -34,7 +34,7 @@ from pydantic import Field
 from proxy.tools.client import Call, ConnectTimer, Measurement, api_name, measure, ms, network_share, tls_context
 from proxy.tools.clientconfig import ClientSettings, Target, load_target, parse_base_url
 from proxy.tools.progress import Progress
-from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, Route, route_for
+from proxy.tools.route import BAD_VARIABLE_FIX, DIRECT, ToolRoute, route_for
 from proxy.tools.stoppable import interrupted_status, signals, unless_stopped
 from proxy.tools.table import align, cell
 
@@ -70,7 +70,7 @@ def _no_progress(_run: int, _result: Measurement | None) -> None:
 async def probe(
     settings: ProbeSettings,
     target: Target,
-    route: Route = DIRECT,
+    route: ToolRoute = DIRECT,
     *,
     results: list[Measurement] | None = None,
     progress: Callable[[int, Measurement | None], None] = _no_progress,
@@ -138,7 +138,7 @@ def report(
     target: Target,
     results: Sequence[Measurement],
     out: TextIO,
-    route: Route = DIRECT,
+    route: ToolRoute = DIRECT,
     interrupted: bool = False,
 ) -> int:
     """Print the runs (a table, or JSON); the exit status: 0 when every run succeeded, 1 when one
@@ -203,7 +203,7 @@ def _show(progress: Progress, runs: int) -> Callable[[int, Measurement | None], 
     return show
 
 
-def _route_line(route: Route) -> str:
+def _route_line(route: ToolRoute) -> str:
     if route.forward is None:
         return f"route: {route.described}"
     return (

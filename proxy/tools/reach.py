@@ -16,7 +16,7 @@ import time
 from yarl import URL
 
 from proxy.tools.client import ms
-from proxy.tools.route import Route, os_reason
+from proxy.tools.route import ToolRoute, os_reason
 from proxy.upstream import tcpinfo
 
 __all__ = ["Unreachable", "reach"]
@@ -55,7 +55,7 @@ def _round_trip(writer: asyncio.StreamWriter) -> str:
     return f", round trip {ms(info.round_trip)}" if info is not None and info.round_trip is not None else ""
 
 
-async def _direct(url: URL, route: Route, timeout: float, tls: ssl.SSLContext) -> list[str]:
+async def _direct(url: URL, route: ToolRoute, timeout: float, tls: ssl.SSLContext) -> list[str]:
     host, port = url.host or "", url.port or (443 if url.scheme == "https" else 80)
     address, took = await _resolve(
         host, port, timeout, repr(host), "check the host name in --base-url, and DNS / network access from this machine"
@@ -89,7 +89,7 @@ async def _direct(url: URL, route: Route, timeout: float, tls: ssl.SSLContext) -
     return notes
 
 
-async def _through(url: URL, route: Route, timeout: float, tls: ssl.SSLContext) -> list[str]:
+async def _through(url: URL, route: ToolRoute, timeout: float, tls: ssl.SSLContext) -> list[str]:
     forward = route.forward
     assert forward is not None
     address, took = await _resolve(
@@ -117,7 +117,7 @@ async def _through(url: URL, route: Route, timeout: float, tls: ssl.SSLContext) 
 
 async def _tunnel(
     url: URL,
-    route: Route,
+    route: ToolRoute,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     timeout: float,
@@ -161,7 +161,7 @@ async def _tunnel(
     return notes
 
 
-async def reach(url: URL, route: Route, timeout: float, tls: ssl.SSLContext) -> list[str]:
+async def reach(url: URL, route: ToolRoute, timeout: float, tls: ssl.SSLContext) -> list[str]:
     """Open a connection to `url` the way `route` says, step by step; what each step took.
     Raises `Unreachable` at the first step that fails."""
     if route.forward is not None:

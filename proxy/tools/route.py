@@ -23,7 +23,7 @@ from yarl import URL
 
 from proxy.config.envproxy import ForwardProxy, bypassed, forward_proxy_for
 
-__all__ = ["BAD_VARIABLE_FIX", "DIRECT", "Route", "os_reason", "route_for"]
+__all__ = ["BAD_VARIABLE_FIX", "DIRECT", "ToolRoute", "os_reason", "route_for"]
 
 _NO_PROXY = ("no_proxy", "NO_PROXY")
 # What to do about a proxy variable `route_for` refuses (probe and doctor say it alike).
@@ -31,7 +31,7 @@ BAD_VARIABLE_FIX = "give it as http://[USER:PASSWORD@]host:port, or unset it to 
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Route:
+class ToolRoute:
     """How a target is reached: `forward` is None for direct; `bypass` says why a proxy that is
     set was not used (`NO_PROXY` or loopback); `target` is `host:port`, for messages."""
 
@@ -103,7 +103,7 @@ class Route:
         )
 
 
-DIRECT = Route()
+DIRECT = ToolRoute()
 
 
 def os_reason(exc: OSError) -> str:
@@ -111,7 +111,7 @@ def os_reason(exc: OSError) -> str:
     return os.strerror(exc.errno) if exc.errno else type(exc).__name__
 
 
-def route_for(url: URL, environ: Mapping[str, str]) -> Route:
+def route_for(url: URL, environ: Mapping[str, str]) -> ToolRoute:
     """The route to `url` under `environ`. Raises ValueError (naming the variable, never its
     credentials) for a proxy variable that cannot work, as `serve` does."""
     port = url.port or (443 if url.scheme == "https" else 80)
@@ -119,13 +119,13 @@ def route_for(url: URL, environ: Mapping[str, str]) -> Route:
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     forward = forward_proxy_for(url, environ)
     if forward is not None:
-        return Route(forward=forward, tunnel=url.scheme == "https", target=target)
+        return ToolRoute(forward=forward, tunnel=url.scheme == "https", target=target)
     if bypassed(host, port, ""):
         variable = "https_proxy" if url.scheme == "https" else "http_proxy"
         proxy_set = any(environ.get(name, "").strip() for name in (variable, variable.upper()))
-        return Route(target=target, bypass="loopback is never proxied" if proxy_set else None)
+        return ToolRoute(target=target, bypass="loopback is never proxied" if proxy_set else None)
     try:  # would a proxy apply but for NO_PROXY? Then say so
         proxied = forward_proxy_for(url, {k: v for k, v in environ.items() if k not in _NO_PROXY}) is not None
     except ValueError:
         proxied = True  # set, though unusable: NO_PROXY makes it moot (serve does not object either)
-    return Route(target=target, bypass=f"NO_PROXY matches {host}" if proxied else None)
+    return ToolRoute(target=target, bypass=f"NO_PROXY matches {host}" if proxied else None)

@@ -1,7 +1,7 @@
 """The live view's state: fed each finished record as one of the observers (`proxy/exchange/observers.py`).
 
 `observe` runs on the event loop once per request, at finish, after the client has its last
-byte: an append to the ring and a few counter updates (about 2 µs; see docs/live-view.md).
+byte: an append to the ring and a few counter updates (its cost: docs/live-view.md).
 Requests still running are not kept here: `active` asks for them when the page polls (this
 process's `InFlightRequests`, or a group's supervisor asking its workers).
 """

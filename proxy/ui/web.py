@@ -36,7 +36,7 @@ from proxy.ui.running import running_detail, running_matches, running_row
 __all__ = ["add_ui_routes"]
 
 COOKIE = "taotrace_ui"
-ROWS_PER_SLICE = 200  # rows rendered between yields to the loop (~0.5 ms each slice)
+ROWS_PER_SLICE = 200  # rows rendered between yields to the loop: a short hold (docs/live-view.md)
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 _SECURITY = {
     # Everything the page needs is served from here; nothing inline, nothing from elsewhere.

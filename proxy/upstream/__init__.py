@@ -1,11 +1,11 @@
 """The upstream HTTP/1.1 client: pooled keep-alive connections to one origin, built for relaying.
 
 Why not `aiohttp.ClientSession`: a request through it (with trace signals for the phase timings)
-cost ~0.3 ms of CPU before the first byte left, and every body chunk took a trip through a
-`StreamReader` and a task wake-up before it could be written on. Here the response is parsed by
-llhttp (`httptools`, the parser of Node.js and uvicorn) inside `data_received`, and the body of
-each read is handed straight to a sink on the same call: the relay writes it to the client
-before the event loop does anything else.
+cost much CPU before the first byte left (docs/performance.md), and every body chunk took a trip
+through a `StreamReader` and a task wake-up before it could be written on. Here the response is
+parsed by llhttp (`httptools`, the parser of Node.js and uvicorn) inside `data_received`, and
+the body of each read is handed straight to a sink on the same call: the relay writes it to the
+client before the event loop does anything else.
 
     pool = UpstreamPool(URL("https://taotoken.net/api"), connect_timeout=10, read_timeout=300, keepalive=4)
     resp = await pool.request("POST", "/api/v1/chat/completions", headers, body, phase)

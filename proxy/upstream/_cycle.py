@@ -93,8 +93,8 @@ class Event(enum.Enum):
 
 
 # The members as module names, in definition order (a test pins it): for the table's sake, and
-# because `State.BODY` is an attribute lookup through the enum's metaclass, ~6x a global's cost,
-# on a path run per read.
+# because `State.BODY` is an attribute lookup through the enum's metaclass, dearer than a
+# global's, on a path run per read (docs/performance.md).
 IDLE, AWAIT_HEAD, BODY, BODY_TO_EOF, DONE, MUST_CLOSE, FAILED, CLOSED = State
 SEND, INTERIM, HEAD, HEAD_TO_EOF, END, END_CLOSE, STRAY, INVALID, SINK_FAILED, TIMEOUT, EOF, RELEASE = Input
 HEAD_READY, BODY_ENDED, FAIL, CLOSE = Event

@@ -101,10 +101,10 @@ def _getsockopt(sock: _Socket) -> bytes:
     """`getsockopt(TCP_INFO)` of a socket or of what a transport hands out for one.
 
     uvloop's `PseudoSocket.getsockopt` wraps the descriptor in a `socket.socket` (its `__init__`
-    and `detach` are Python code) for every call: ~1.3 µs, several times that on a busy loop.
-    A bare `_socket.socket` around the same descriptor, detached right after, is ~0.7 µs. Its
-    family only steers address conversion, which getsockopt does not do, so AF_INET serves an
-    IPv6 socket too; detaching leaves the descriptor to its owner, whatever happens in between.
+    and `detach` are Python code) for every call; a bare `_socket.socket` around the same
+    descriptor, detached right after, runs none (docs/performance.md). Its family only steers
+    address conversion, which getsockopt does not do, so AF_INET serves an IPv6 socket too;
+    detaching leaves the descriptor to its owner, whatever happens in between.
     """
     if isinstance(sock, _socket.socket):  # a real socket (tests, clients): its own method is one C call
         return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _BUFLEN)
@@ -142,8 +142,8 @@ class TcpStats:
         """The one round trip a request pays: `min_rtt`, else the smoothed `rtt` (kernels < 4.6).
 
         Not the smoothed RTT first: its samples include the time the upstream delays its ACK of
-        our request while it computes (on loopback it grew from 12 µs to 0.9 ms over six
-        requests while min_rtt stayed 5 µs); a delayed ACK does not delay the response's bytes.
+        our request while it computes, so it grows with the server's work (docs/timing.md); a
+        delayed ACK does not delay the response's bytes.
         """
         return self.min_rtt if self.min_rtt is not None else self.rtt
 

@@ -15,7 +15,7 @@ gauges as the sum of each worker's last count) and renders.
 Serving loops never build or encode spans either: a worker starts each request's root span
 (ids, sampling, `traceparent` upstream) and ships its start in the record (`RequestRecord.span`);
 the supervisor finishes it with the same ids, adds the phase children and exports them, under a
-resource with that worker's `service.instance.id` (`Telemetry.end`). The OTLP GenAI metrics
+resource with that worker's `service.instance.id` (`Spans.end`). The OTLP GenAI metrics
 are recorded and exported here too, once for the group. So the GIL a serving loop shares is
 never held by span building, OTLP encoding or metric export (`--telemetry-process` runs one
 worker this way).
@@ -68,7 +68,7 @@ from proxy.server.listen import bind, http_url
 from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.spandata import Resource
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing
 from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
 from proxy.workers.messages import (
@@ -160,13 +160,13 @@ class _Supervisor:
         observers: Sequence[Named[RequestRecord]],
         env: Mapping[str, str],
         command: Sequence[str],
-        telemetry: Telemetry,
+        spans: Spans,
         channel_bound: int = CHANNEL_BOUND,
     ) -> None:
         self.settings = settings
         self.channel_bound = channel_bound
         self.group = group
-        self.telemetry = telemetry
+        self.spans = spans
         # The group's records fan out as one process's do (`proxy/exchange/observers.py`): the spans,
         # the metrics, then each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}. The
         # workers' own sinks are counted here from their Records: at 0 from the start too, as in
@@ -179,7 +179,7 @@ class _Supervisor:
             more=("spans", *in_workers),
         )
         # Workers ship their spans' starts only when spans leave from here.
-        self.ship_spans = telemetry.exporting
+        self.ship_spans = spans.exporting
         self.env = env
         self.command = tuple(command)
         self._asked = 0
@@ -197,7 +197,7 @@ class _Supervisor:
             raise ChannelError(f"a {type(message).__name__} from a worker")
 
     def _records(self, worker: _Worker, message: Records) -> None:
-        metrics, end, sinks = self.group.metrics, self.telemetry.end, self.sinks
+        metrics, end, sinks = self.group.metrics, self.spans.end, self.sinks
         if message.dropped > worker.dropped:
             metrics.records_dropped.labels().inc(message.dropped - worker.dropped)
             worker.dropped = message.dropped
@@ -210,7 +210,7 @@ class _Supervisor:
         for reason, n in message.mirror_dropped.items():
             counted = worker.mirror_dropped.get(reason, 0)
             if n > counted:
-                metrics.compare.dropped.labels(reason).inc(n - counted)
+                metrics.mirror.dropped.labels(reason).inc(n - counted)
                 worker.mirror_dropped[reason] = n
         for rec in message.records:
             if rec.span is not None:  # the spans observer, with the worker's own resource
@@ -392,11 +392,11 @@ async def supervising(
             meter_provider=meter_provider, env=env, serving=False,  # this loop only takes records
         )  # fmt: skip
         host, port = reserved[0].getsockname()[:2]
-        group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.telemetry))
+        group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.spans))
         # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
         worker_settings = settings.model_copy(update={"port": port, "key_salt": config.accounting.key_salt})
         supervisor = _Supervisor(
-            worker_settings, group, reporting.observers, env, worker_command, reporting.telemetry, channel_bound
+            worker_settings, group, reporting.observers, env, worker_command, reporting.spans, channel_bound
         )
         slots: list[asyncio.Future[None]] = []
         try:
@@ -422,9 +422,9 @@ async def supervising(
             sock.close()
 
 
-def _slots(workers: int, telemetry: Telemetry) -> list[_Worker]:
+def _slots(workers: int, spans: Spans) -> list[_Worker]:
     """The group's slots; each worker's spans leave under the group's resource with its own instance id."""
-    base = telemetry.tracing.resource
+    base = spans.tracing.resource
     return [
         _Worker(
             i, Resource({**base.attributes, "service.instance.id": instance_id(i, base.attributes)}, base.schema_url)

@@ -27,7 +27,7 @@ from proxy.config.config import load
 from proxy.config.settings import Settings
 from proxy.exchange.inflight import InFlightRequests
 from proxy.exchange.record import RequestRecord
-from proxy.reporting.reporting import telemetry_for
+from proxy.reporting.reporting import spans_for
 from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
 from proxy.server.listen import bind
 from proxy.server.serving import serving
@@ -163,10 +163,10 @@ async def _serve(sock: socket.socket) -> None:
     try:
         config = load(settings)  # the group's key salt is in the settings
         # Spans are started here (ids, sampling, traceparent) and finished by the supervisor, or not at all.
-        telemetry = telemetry_for(config, build_tracing(export=False), ship=start.ship_spans)
+        spans = spans_for(config, build_tracing(export=False), ship=start.ship_spans)
         requests = InFlightRequests()
         async with serving(
-            config, socks, requests, telemetry=telemetry, recorder=shipper, observers=(),
+            config, socks, requests, spans=spans, recorder=shipper, observers=(),
             stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,
             who=f"worker {start.index}, pid {os.getpid()}",
         ) as url:  # fmt: skip

@@ -1,4 +1,4 @@
-"""CPU per request of Telemetry.start + inject + finish, spans handed to the batch processor.
+"""CPU per request of `Spans.start` + inject + finish, spans handed to the batch processor.
 
     .venv/bin/python tests/bench/spans_micro.py [requests per trial, default 5000]
 
@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 
 from proxy.telemetry.batch_processor import BatchSpanProcessor
 from proxy.telemetry.sampler import DEFAULT, Sampler, SdkSampler
-from proxy.telemetry.spans import Telemetry
+from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing
 from tests.test_span_equivalence import INFO, T0, carrier, streamed
 
@@ -38,7 +38,7 @@ class Drop:
 
 def trial(sampler: Sampler, n: int, finish: bool) -> float:
     processor = BatchSpanProcessor(Drop(), max_queue_size=100_000, max_export_batch_size=512)
-    tel = Telemetry(
+    tel = Spans(
         Tracing(processor=processor, sampler=sampler),
         upstream_host="api.example", upstream_port=443, upstream_base="https://api.example",
     )  # fmt: skip

@@ -12,7 +12,7 @@ the real `Shipper`, which batches and encodes them as a serving worker does. The
 built the way a worker builds them: a chat stream's `PhaseClock` (chunk gaps, inter-token
 latencies, relay times), usage, attribution attributes (a salted key id, a header attribute),
 TCP stats and, when spans leave the supervisor, the root span's start from the real
-`Telemetry.start` / `conclude` in ship mode. Half the records are 16-token streams, half
+`Spans.start` / `conclude` in ship mode. Half the records are 16-token streams, half
 `--long` tokens (default 256).
 
 A worker offers `--rate` records/s (0: as many as it can) and keeps at most `--window` bytes
@@ -66,12 +66,12 @@ def records(count: int, long: int, spans: bool, seed: int = 1) -> list[Any]:
     from proxy.dialects.dialect import RequestInfo
     from proxy.exchange.record import RequestRecord
     from proxy.exchange.timing import PhaseClock
-    from proxy.reporting.reporting import telemetry_for
+    from proxy.reporting.reporting import spans_for
     from proxy.telemetry.tracing import build_tracing
     from proxy.upstream.tcpinfo import TcpStats
 
     rnd = random.Random(seed)
-    telemetry = telemetry_for(Settings(), build_tracing({}, export=False), ship=True)
+    telemetry = spans_for(Settings(), build_tracing({}, export=False), ship=True)
     attributor = Attributor((HeaderAttribute(header="X-Team", attribute="app.team"),), body_user=False, salt=b"s" * 32)
     headers = CIMultiDict({"Authorization": "Bearer sk-" + "x" * 48, "X-Team": "search"})
     info = RequestInfo(
@@ -308,9 +308,9 @@ def _micro_arm(spans: str, batches: list[list[Any]], loop: asyncio.AbstractEvent
     settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, workers=2)
     tracing = _discarding(1 << 20) if spans == "discard" else Tracing()
     reporting = Reporting(settings, accounting_from(settings), registry=CollectorRegistry(), tracing=tracing, env={})
-    slots = supervisor._slots(2, reporting.telemetry, {})
+    slots = supervisor._slots(2, reporting.spans, {})
     group = supervisor.Group("", "", reporting.metrics, slots)
-    sup = supervisor._Supervisor(settings, group, reporting.observers, {}, (), reporting.telemetry)
+    sup = supervisor._Supervisor(settings, group, reporting.observers, {}, (), reporting.spans)
     try:  # a tree whose workers bin long series (--src: older trees do not)
         from proxy.workers.binning import binned
     except ImportError:
