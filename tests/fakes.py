@@ -11,6 +11,7 @@ import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -159,6 +160,123 @@ def chat_stream(n_tokens: int, *, usage: bool = True, sep: bytes = b"\n") -> lis
     if usage:
         objs.append(usage_chunk(12, n_tokens))
     return sse(*objs, sep=sep)
+
+
+def responses_stream() -> list[bytes]:
+    """A Responses API stream, as OpenAI sends it: created, the text in four deltas, completed."""
+    base = {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "gpt-4o-mini",
+        "output": [],
+        "status": "in_progress",
+    }
+    item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    words = ["Hello", " from", " the", " proxy"]
+    done_item = {
+        **item,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "".join(words), "annotations": []}],
+    }
+    frames = [
+        named("response.created", {"type": "response.created", "sequence_number": 0, "response": base}),
+        named("response.in_progress", {"type": "response.in_progress", "sequence_number": 1, "response": base}),
+        named(
+            "response.output_item.added",
+            {"type": "response.output_item.added", "sequence_number": 2, "output_index": 0, "item": item},
+        ),
+        named(
+            "response.content_part.added",
+            {
+                "type": "response.content_part.added",
+                "sequence_number": 3,
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []},
+            },
+        ),
+    ]
+    for i, w in enumerate(words):
+        frames.append(
+            named(
+                "response.output_text.delta",
+                {
+                    "type": "response.output_text.delta",
+                    "sequence_number": 4 + i,
+                    "item_id": "msg_1",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": w,
+                    "logprobs": [],
+                },
+            )
+        )
+    completed = {
+        **base,
+        "status": "completed",
+        "output": [done_item],
+        "usage": {
+            "input_tokens": 9,
+            "output_tokens": 4,
+            "total_tokens": 13,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
+    }
+    frames.append(
+        named(
+            "response.output_item.done",
+            {"type": "response.output_item.done", "sequence_number": 9, "output_index": 0, "item": done_item},
+        )
+    )
+    frames.append(
+        named("response.completed", {"type": "response.completed", "sequence_number": 10, "response": completed})
+    )
+    return frames
+
+
+def messages_stream() -> list[bytes]:
+    """A Messages API stream, as Anthropic sends it: message_start, a ping, three deltas, message_stop."""
+    message: dict[str, Any] = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 20, "output_tokens": 1, "cache_read_input_tokens": 8},
+    }
+    frames = [
+        named("message_start", {"type": "message_start", "message": message}),
+        named(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        ),
+        named("ping", {"type": "ping"}),
+    ]
+    for w in ["Hello", " there", "!"]:
+        frames.append(
+            named(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}},
+            )
+        )
+    frames += [
+        named("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        named(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 3},
+            },
+        ),
+        named("message_stop", {"type": "message_stop"}),
+    ]
+    return frames
 
 
 def decode_spans(payloads: Sequence[bytes]) -> list[object]:

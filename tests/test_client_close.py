@@ -23,12 +23,13 @@ from tests.fakes import (
     FakeUpstream,
     chat_stream,
     json_handler,
+    messages_stream,
     named,
+    responses_stream,
     sse,
     stream_handler,
     usage_chunk,
 )
-from tests.test_sdk_clients import messages_stream, responses_stream
 
 
 @dataclass(frozen=True)

@@ -71,12 +71,13 @@ async def test_a_collector_answering_503_is_named_with_its_status(caplog: pytest
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     base = "http://127.0.0.1:%d" % runner.addresses[0][1]
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OTEL_EXPORTER_OTLP_TIMEOUT": "1.5"}
+    # 0.5 s: shorter than the first back-off, so each export fails after one attempt
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5"}
     processor = SimpleSpanProcessor(exporter(env))
     try:
         with caplog.at_level(logging.DEBUG):
             async with collector_warnings({"OTEL_EXPORTER_OTLP_ENDPOINT": base}, logging.getLogger("taotrace")):
-                for _ in range(2):  # two exports, each retried until its timeout: one line
+                for _ in range(2):  # two failed exports: one line
                     await asyncio.to_thread(processor.on_end, span())
     finally:
         await runner.cleanup()
@@ -89,7 +90,7 @@ async def test_a_collector_answering_503_is_named_with_its_status(caplog: pytest
 async def test_a_full_span_queue_is_one_line_and_other_records_pass(caplog: pytest.LogCaptureFixture) -> None:
     endpoint = f"http://127.0.0.1:{closed_port()}"
     processor = BatchSpanProcessor(
-        exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}),
+        exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5"}),  # no retry
         max_queue_size=2,
         max_export_batch_size=2,
         schedule_delay=60.0,

@@ -257,11 +257,12 @@ def test_bounded_json_stays_valid_and_marks_the_cut() -> None:
     assert len(text) <= CONTENT_LIMIT
     (message,) = json.loads(text)
     assert message["parts"][0]["content"].endswith(TRUNCATED)
-    many = [{"role": "user", "parts": [{"type": "text", "content": f"m{i}"}]} for i in range(20_000)]
+    # 130 KB of JSON, twice the cap: the strings cannot shrink, so the oldest messages go
+    many = [{"role": "user", "parts": [{"type": "text", "content": f"m{i}"}]} for i in range(2_000)]
     text = bounded_json(many)
     kept = json.loads(text)
     assert len(text) <= CONTENT_LIMIT and kept[0]["parts"][0]["content"].endswith(TRUNCATED)
-    assert kept[-1]["parts"][0]["content"] == "m19999"  # the latest messages are the ones kept
+    assert kept[-1]["parts"][0]["content"] == "m1999"  # the latest messages are the ones kept
     small = [{"role": "user", "parts": [{"type": "text", "content": "hi"}]}]
     assert json.loads(bounded_json(small)) == small
 

@@ -259,11 +259,11 @@ async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(
     blackhole: int, in_flight: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`in_flight`: an interval's export is already stuck on the collector when shutdown comes."""
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "4")  # read by the SDK's exporter, from the process
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")  # read by the SDK's exporter, from the process
     env = {
         "OTEL_METRICS_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{blackhole}",
-        "OTEL_METRIC_EXPORT_INTERVAL": "200" if in_flight else "60000",
+        "OTEL_METRIC_EXPORT_INTERVAL": "100" if in_flight else "60000",
     }
     provider = build_meter_provider(env)
     assert provider is not None
@@ -271,10 +271,11 @@ async def test_shutdown_never_waits_past_its_timeout_for_a_dead_collector(
     genai(record_for("chat_completions", "m", 200, random.Random(1)))
     genai.stop()
     if in_flight:
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.3)
     began = time.monotonic()
-    assert not await asyncio.to_thread(shutdown_meter_provider, provider, 0.5)
-    assert time.monotonic() - began < 2.5  # 0.5 s asked; never the exporter's 4 s
+    assert not await asyncio.to_thread(shutdown_meter_provider, provider, 0.3)
+    # 0.3 s asked; waiting for the stuck export would take the rest of the exporter's 2 s (1.8 s at least)
+    assert time.monotonic() - began < 1.6
     # The abandoned export ends by the exporter's timeout (its last words logged in this test, not a later one).
     for _ in range(100):
         if not any(t.name == "taotrace-metrics-export" for t in threading.enumerate()):

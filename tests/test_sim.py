@@ -9,8 +9,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
-import anthropic
-import openai
 import orjson
 import pytest
 
@@ -19,11 +17,20 @@ from proxy.dialects.sse import SSEDecoder, SSEEvent
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.tools.client import Call, measure
 
-FAST = 0.25  # time_scale for tests: 4x faster, same ratios
+FAST = 0.25  # time_scale where tests measure time: 4x faster, same ratios
+QUICK = 0.01  # time_scale where only what is sent matters
 
 
 @pytest.fixture
 async def sim() -> AsyncIterator[SimRunning]:
+    """The simulator at QUICK speed: for what it sends, not when."""
+    async with running(SimSettings(port=0, time_scale=QUICK)) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def timed_sim() -> AsyncIterator[SimRunning]:
+    """The simulator at FAST speed: for its physics, measured in real time."""
     async with running(SimSettings(port=0, time_scale=FAST)) as srv:
         yield srv
 
@@ -160,6 +167,9 @@ async def test_messages_events_with_thinking_ping_and_usage(sim: SimRunning, ses
 
 
 async def test_the_sdks_work_against_the_sim(sim: SimRunning) -> None:
+    import anthropic  # here: the unit tier, which runs the rest of this module, need not load the SDKs
+    import openai
+
     oai = openai.AsyncOpenAI(base_url=sim.base_url, api_key="k", max_retries=0)
     stream = await oai.chat.completions.create(
         model="o3-mini",
@@ -226,26 +236,30 @@ async def _m(session: aiohttp.ClientSession, sim: SimRunning, model: str, prompt
 WORDS = "the prefill reads every token of the prompt before the first token appears "  # 13 tokens
 
 
-async def test_ttft_grows_with_input_while_tpot_stays_flat(sim: SimRunning, session: aiohttp.ClientSession) -> None:
-    short = await _m(session, sim, "gpt-4o-mini", "A " + WORDS * 80)
-    long = await _m(session, sim, "gpt-4o-mini", "B " + WORDS * 320)
+async def test_ttft_grows_with_input_while_tpot_stays_flat(
+    timed_sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
+    short = await _m(session, timed_sim, "gpt-4o-mini", "A " + WORDS * 80)
+    long = await _m(session, timed_sim, "gpt-4o-mini", "B " + WORDS * 320)
     assert long.input_tokens > 3.5 * short.input_tokens
     assert long.ttft_s > 2.0 * short.ttft_s
     assert 0.7 < long.tpot_s / short.tpot_s < 1.4
 
 
-async def test_a_repeated_prompt_hits_the_prefix_cache(sim: SimRunning, session: aiohttp.ClientSession) -> None:
+async def test_a_repeated_prompt_hits_the_prefix_cache(timed_sim: SimRunning, session: aiohttp.ClientSession) -> None:
     prompt = "C " + WORDS * 300
-    first = await _m(session, sim, "gpt-4o-mini", prompt)
-    again = await _m(session, sim, "gpt-4o-mini", prompt)
+    first = await _m(session, timed_sim, "gpt-4o-mini", prompt)
+    again = await _m(session, timed_sim, "gpt-4o-mini", prompt)
     assert first.cached_tokens == 0
     assert again.cached_tokens is not None and again.cached_tokens > 0.9 * again.input_tokens
     assert again.ttft_s < 0.5 * first.ttft_s
 
 
-async def test_a_bigger_model_is_slower_to_start_and_per_token(sim: SimRunning, session: aiohttp.ClientSession) -> None:
-    small = await _m(session, sim, "gpt-4o-mini", "D " + WORDS * 100)
-    big = await _m(session, sim, "gpt-4o", "E " + WORDS * 100)
+async def test_a_bigger_model_is_slower_to_start_and_per_token(
+    timed_sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
+    small = await _m(session, timed_sim, "gpt-4o-mini", "D " + WORDS * 100)
+    big = await _m(session, timed_sim, "gpt-4o", "E " + WORDS * 100)
     assert big.ttft_s > 1.5 * small.ttft_s
     assert big.tpot_s > 1.8 * small.tpot_s
 
@@ -266,34 +280,34 @@ async def test_concurrent_streams_share_decode_steps_and_slow_gently(session: ai
 
 
 async def test_kv_usage_is_visible_while_running_and_per_request(
-    sim: SimRunning, session: aiohttp.ClientSession
+    timed_sim: SimRunning, session: aiohttp.ClientSession
 ) -> None:
-    task = asyncio.create_task(_m(session, sim, "gpt-4o", "F " + WORDS * 50, 60))
+    task = asyncio.create_task(_m(session, timed_sim, "gpt-4o", "F " + WORDS * 50, 60))
     for _ in range(200):
         await asyncio.sleep(0.01)
-        async with session.get(sim.url + "/sim/stats") as r:
+        async with session.get(timed_sim.url + "/sim/stats") as r:
             live = (await r.json())["models"]["gpt-4o"]
         if live["running"]:
             break
     assert live["running"] == 1 and live["kv"]["used_blocks"] > 0 and live["kv"]["bytes_per_token"] == 320 * 1024
     result = await task
-    async with session.get(f"{sim.url}/sim/requests/{result.response_id}") as r:
+    async with session.get(f"{timed_sim.url}/sim/requests/{result.response_id}") as r:
         seen = await r.json()
     tokens = result.input_tokens + result.output_tokens
     assert seen["status"] == "done" and seen["input_tokens"] == result.input_tokens
     assert tokens * 320 * 1024 <= seen["kv_bytes_peak"] < (tokens + 16) * 320 * 1024  # whole 16-token blocks
-    async with session.get(sim.url + "/sim/stats") as r:
+    async with session.get(timed_sim.url + "/sim/stats") as r:
         after = (await r.json())["models"]["gpt-4o"]["kv"]
     assert after["used_blocks"] == 0 and after["cached_blocks"] > 0  # the prompt stays cached
 
 
-async def test_a_client_that_leaves_frees_its_slot(sim: SimRunning, session: aiohttp.ClientSession) -> None:
+async def test_a_client_that_leaves_frees_its_slot(timed_sim: SimRunning, session: aiohttp.ClientSession) -> None:
     body = {**CHAT, "max_tokens": 500}
-    async with session.post(sim.base_url + "/chat/completions", json=body) as response:
+    async with session.post(timed_sim.base_url + "/chat/completions", json=body) as response:
         await response.content.readline()
     for _ in range(100):
         await asyncio.sleep(0.01)
-        stats = sim.simulator.stats()
+        stats = timed_sim.simulator.stats()
         if stats["models"]["gpt-4o-mini"]["running"] == 0:
             break
     assert stats["models"]["gpt-4o-mini"]["running"] == 0
@@ -316,7 +330,7 @@ async def test_a_client_that_leaves_mid_stream_is_no_server_error(
 
     for _ in range(4):
         await asyncio.gather(*(leave(i) for i in range(60)))
-    await asyncio.sleep(0.3)  # the next tokens are written into the closed connections
+    await asyncio.sleep(0.1)  # the next tokens are written into the closed connections
     errors = [r for r in caplog.records if r.name == "aiohttp.server" and r.levelname == "ERROR"]
     assert not errors, caplog.text  # "Error handling request" with the traceback, before the fix
 
@@ -325,7 +339,7 @@ async def test_a_client_that_leaves_mid_stream_is_no_server_error(
 
 
 async def test_keys_bad_or_missing_get_401_in_each_providers_shape(session: aiohttp.ClientSession) -> None:
-    async with running(SimSettings(port=0, time_scale=FAST, require_key=True, api_keys=["good"])) as sim:
+    async with running(SimSettings(port=0, time_scale=QUICK, require_key=True, api_keys=["good"])) as sim:
         body = {**CHAT, "stream": False}
         url = sim.base_url + "/chat/completions"
         for headers in ({}, {"Authorization": "Bearer bad"}, {"Authorization": "Bearer other"}):
@@ -340,7 +354,7 @@ async def test_keys_bad_or_missing_get_401_in_each_providers_shape(session: aioh
             assert r.status == 401 and error["type"] == "error" and error["error"]["type"] == "authentication_error"
         async with session.get(sim.base_url + "/models") as r:
             assert r.status == 401
-    async with running(SimSettings(port=0, time_scale=FAST)) as open_sim:  # keys not required: only "bad" is refused
+    async with running(SimSettings(port=0, time_scale=QUICK)) as open_sim:  # keys not required: only "bad" is refused
         async with session.post(open_sim.base_url + "/chat/completions", json=body) as r:
             assert r.status == 200
         async with session.post(
@@ -438,7 +452,7 @@ async def test_a_limit_above_the_natural_length_is_honoured(
 async def test_a_limit_above_the_model_s_cap_stops_at_the_cap(session: aiohttp.ClientSession, tmp_path: Any) -> None:
     catalogue = tmp_path / "models.json"
     catalogue.write_text('{"models": [{"name": "gpt-4o-mini", "max_output_tokens": 120}]}')
-    async with running(SimSettings(port=0, time_scale=FAST, catalogue=str(catalogue))) as capped:
+    async with running(SimSettings(port=0, time_scale=QUICK, catalogue=str(catalogue))) as capped:
         status, events, _ = await _events(session, capped.base_url + "/chat/completions", {**CHAT, "max_tokens": 5000})
     reader = reader_for("chat_completions")
     assert status == 200 and reader is not None

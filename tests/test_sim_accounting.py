@@ -7,7 +7,6 @@ import struct
 from collections.abc import AsyncIterator
 
 import aiohttp
-import openai
 import pytest
 
 from proxy.accounting.ratelimits import RateLimit, read_rate_limits
@@ -88,6 +87,8 @@ async def test_a_key_over_budget_gets_429_with_retry_after(limited: SimRunning) 
 
 
 async def test_the_openai_sdk_sees_the_429(limited: SimRunning) -> None:
+    import openai  # here, as below: the unit tier, which runs the rest of this module, need not load the SDK
+
     client = openai.AsyncOpenAI(base_url=limited.base_url, api_key="sdk-key", max_retries=0)
     for _ in range(2):
         await client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
@@ -98,6 +99,8 @@ async def test_the_openai_sdk_sees_the_429(limited: SimRunning) -> None:
 
 
 async def test_embeddings_through_the_sdk_and_errors() -> None:
+    import openai
+
     async with running(SimSettings(port=0)) as sim:
         client = openai.AsyncOpenAI(base_url=sim.base_url, api_key="k", max_retries=0)
         got = await client.embeddings.create(

@@ -83,17 +83,18 @@ def collector() -> Iterator[Collector]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop's next poll: 0.5 s by default, at every test's teardown
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
     yield state
     server.shutdown()
     server.server_close()
 
 
-def exporter(env: dict[str, str]) -> OtlpSpanExporter:
+def exporter(env: dict[str, str], **options: Any) -> OtlpSpanExporter:
     settings = export_settings(env, "traces")
     assert settings is not None
-    return OtlpSpanExporter(settings)
+    return OtlpSpanExporter(settings, **options)
 
 
 def closed_port() -> int:
@@ -185,11 +186,12 @@ def test_a_final_status_is_not_retried(collector: Collector) -> None:
 
 def test_a_dead_collector_fails_within_the_timeout_without_raising() -> None:
     ours = exporter(
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "OTEL_EXPORTER_OTLP_TIMEOUT": "2"}
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}", "OTEL_EXPORTER_OTLP_TIMEOUT": "0.5"},
+        jitter=lambda: 0.05,  # back-offs of 50, 100, 200 ms: retried within the timeout, then given up
     )
     began = time.monotonic()
     assert ours.export(SPANS) is False
-    assert time.monotonic() - began < 2 + 5  # the deadline, plus a loaded machine's slack
+    assert time.monotonic() - began < 0.5 + 5  # the deadline, plus a loaded machine's slack
     assert ours.dropped == len(SPANS)
 
 
@@ -320,7 +322,8 @@ def test_grpc_sends_the_same_request_and_retries_unavailable(grpc_collector: tup
             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
             "OTEL_EXPORTER_OTLP_HEADERS": "authorization=k",
             "OTEL_EXPORTER_OTLP_TIMEOUT": "20",
-        }
+        },
+        jitter=lambda: 0.05,  # the first back-off 50 ms, not 1 s
     )
     assert ours.export(SPANS) is True
     assert [ExportTraceServiceRequest.FromString(b) for b, _ in state.got] == [EXPECTED, EXPECTED]

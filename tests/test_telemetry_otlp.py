@@ -387,7 +387,8 @@ class _Collector(http.server.BaseHTTPRequestHandler):
 def collector() -> Iterator[str]:
     _Collector.bodies = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop's next poll: 0.5 s by default, at every test's teardown
+    threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
@@ -414,7 +415,8 @@ def test_our_exporter_sends_our_bytes(collector: str) -> None:
 
 def test_our_exporter_with_a_dead_collector_fails_without_raising() -> None:
     provider, exporter = _exporter(
-        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "1"}
+        # 0.5 s: shorter than the first back-off, so no retry (tests/test_span_exporter.py has those)
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0.5"}
     )
     assert exporter.export(VARIANTS["status-ok"]) is False
     exporter.shutdown()

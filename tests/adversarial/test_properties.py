@@ -81,14 +81,14 @@ def _feed(stream: bytes, cuts: list[int], decoder: SSEDecoder | None = None) -> 
     return events
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(stream=streams(), data=st.data())
 def test_any_split_of_a_valid_stream_gives_the_spec_events(stream: bytes, data: st.DataObject) -> None:
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=len(stream) // 2 + 1))
     assert _feed(stream, cuts) == reference(stream)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(stream=streams())
 def test_byte_by_byte_equals_all_at_once(stream: bytes) -> None:
     assert _feed(stream, list(range(len(stream)))) == _feed(stream, []) == reference(stream)
@@ -225,7 +225,7 @@ _kinds = st.sampled_from(
 _APIS = [API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES]
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(api=st.sampled_from(_APIS), events=st.lists(st.tuples(_kinds, st.one_of(_json, _objects)), max_size=6))
 def test_dialect_readers_never_raise_on_any_json(api: str, events: list[tuple[str, object]]) -> None:
     import orjson
