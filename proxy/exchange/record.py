@@ -43,7 +43,7 @@ SpanContextValues = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
 
 # Not frozen: one is made per traced request on the serving loop, where a frozen dataclass's
 # __init__ (one object.__setattr__ per field) costs several times a plain one's. Nothing mutates it.
-@dataclass(slots=True, kw_only=True, eq=False)
+@dataclass(slots=True, kw_only=True)
 class SpanStart:
     """The request's root span as it was started, in plain values: the span observer (in this
     process, or in a group's supervisor) ends it with these ids and attributes."""

@@ -195,55 +195,45 @@ class SpanEnd:
         self, processor: SpanProcessor, parent: SpanContext, rec: RequestRecord, offset: int, resource: Resource
     ) -> None:
         """The phase children, straight from the timing: `network`, then `prefill_wait` and
-        `decode` once a first token came."""
+        `decode` once a first token came. A sampler that `follows` (the built-in ones) samples each
+        with the root's trace state; another is asked for each, as for any child span."""
         t = rec.timing
         sent = t.sent
         start = int(t.start * 1e9) + offset
         end = int((t.end if sent is None else sent) * 1e9) + offset
         status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
-        self._child(processor, parent, "network", start, end, network_attributes(t), status, resource)
+        phases: tuple[tuple[str, int, int, dict[str, AnyValue], Status], ...]
         if sent is None or t.first_token is None:
-            return
-        first = int(t.first_token * 1e9) + offset
-        last = int(t.last_token * 1e9) + offset if t.last_token is not None else first
-        self._child(processor, parent, "prefill_wait", end, first, {}, UNSET, resource)
-        self._child(
-            processor, parent, "decode", first, last, {"taotrace.token_events": t.token_events}, UNSET, resource
-        )
-
-    def _child(
-        self,
-        processor: SpanProcessor,
-        parent: SpanContext,
-        name: str,
-        start: int,
-        end: int,
-        attrs: dict[str, AnyValue],
-        status: Status,
-        resource: Resource,
-    ) -> None:
-        """One phase child of a sampled root. A sampler that `follows` (the built-in ones) samples
-        it with the root's trace state; another is asked, as for any child span."""
-        tracing = self.tracing
-        sampler, new_span_id = tracing.sampler, tracing.ids.generate_span_id
-        state = parent.trace_state
-        if not sampler.follows:
-            result = sampler.should_sample(parent, parent.trace_id, name, SpanKind.INTERNAL, None, (), None)
-            if not result.sampled:
-                new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
-                return
-            if result.trace_state is not None:
-                state = result.trace_state
-            if result.attributes:
-                attrs = {**attrs, **result.attributes}
-        flags = FLAGS[_SAMPLED | (parent.trace_flags & RANDOM_TRACE_ID)]
-        attrs, dropped = bounded(attrs, tracing.limits)
-        processor.on_end(
-            SpanData(
-                name, SpanContext(parent.trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, start, end,
-                attrs, resource, self.scope, status, (), (), dropped,
+            phases = (("network", start, end, network_attributes(t), status),)
+        else:
+            first = int(t.first_token * 1e9) + offset
+            last = int(t.last_token * 1e9) + offset if t.last_token is not None else first
+            phases = (
+                ("network", start, end, network_attributes(t), status),
+                ("prefill_wait", end, first, {}, UNSET),
+                ("decode", first, last, {"taotrace.token_events": t.token_events}, UNSET),
             )
-        )  # fmt: skip
+        tracing, scope, trace_id = self.tracing, self.scope, parent.trace_id
+        sampler, new_span_id, limits = tracing.sampler, tracing.ids.generate_span_id, tracing.limits
+        flags = FLAGS[_SAMPLED | (parent.trace_flags & RANDOM_TRACE_ID)]
+        for name, begin, finish, attrs, state_status in phases:
+            state = parent.trace_state
+            if not sampler.follows:
+                result = sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, None, (), None)
+                if not result.sampled:
+                    new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
+                    continue
+                if result.trace_state is not None:
+                    state = result.trace_state
+                if result.attributes:
+                    attrs = {**attrs, **result.attributes}
+            attrs, dropped = bounded(attrs, limits)
+            processor.on_end(
+                SpanData(
+                    name, SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, begin,
+                    finish, attrs, resource, scope, state_status, (), (), dropped,
+                )
+            )  # fmt: skip
 
 
 def network_attributes(t: RequestTiming) -> dict[str, AnyValue]:
