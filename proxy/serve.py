@@ -3,7 +3,8 @@ this process (`running`) or as a group of workers (`proxy.workers.supervisor.sup
 SIGTERM/SIGINT, then drains and exits.
 
     one process   Reporting (metrics port, spans, GenAI metrics, live view) + serving (proxy port)
-    a group       Reporting in the supervisor + serving in each worker, records over their channels
+    a group       Reporting (no port) + serving in each worker; the metrics port in the supervisor,
+                  which merges the workers' metrics and asks their live views
 
 Both ports are bound before anything else starts; one that cannot be had is one line and exit 2.
 """
@@ -135,18 +136,14 @@ async def serve(config: Config) -> None:
 
 
 async def serve_group(config: Config) -> None:
-    """`--workers N` (or `--telemetry-process`): the group, until SIGTERM or SIGINT, then drained."""
+    """`--workers N`: the group, until SIGTERM or SIGINT, then drained."""
     settings = config.settings
     shutdown = Shutdown().install()
     async with supervising(config, shutdown=shutdown) as group:
-        # As serve() does: the supervisor allocates a record's objects (and keeps the live view's
-        # last ones) at every worker's rate; with Python's default thresholds young and middle
-        # collections walked them again and again (docs/performance.md).
-        settle_heap()
-        workers = f"{settings.workers} workers" if settings.workers > 1 else "1 worker"
+        workers = f"{settings.workers} workers"
         if not shutdown.requested.is_set():  # a Ctrl-C while the workers started: straight to the drain
             pids = " ".join(map(str, group.pids()))
-            processes = f"({workers}, pids {pids}; spans, /metrics and the live view in pid {os.getpid()})"
+            processes = f"({workers}, pids {pids}; /metrics and the live view in pid {os.getpid()})"
             announce(
                 config, group.proxy_url, group.metrics_url, group.metrics_addresses, ui=settings.ui,
                 processes=processes,
@@ -205,7 +202,7 @@ def announce(
 
 
 def run(settings: Settings) -> int:
-    """The `taotrace serve` command: one process, or a group (`--workers` > 1, `--telemetry-process`)."""
+    """The `taotrace serve` command: one process, or a group (`--workers` > 1)."""
     configure_logging(settings.log_level)
     try:
         # Loaded once for the whole start (one salt for taotrace.key.id in every process of a
@@ -227,7 +224,7 @@ def run(settings: Settings) -> int:
             where = "the upstream" if len(routes) == 1 else f"upstream {route.name}"
             log.info("%s is reached through the %s", where, forward.where)
     try:
-        if settings.workers > 1 or settings.telemetry_process:
+        if settings.workers > 1:
             run_loop(serve_group(config))
         else:
             run_loop(serve(config))

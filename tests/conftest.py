@@ -5,6 +5,7 @@ the real proxy started in-process on port 0 in front of them, and a forward prox
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -24,8 +25,9 @@ from proxy.serve import running
 from proxy.telemetry.span_pipeline import InMemorySpanExporter, SimpleSpanProcessor
 from proxy.telemetry.tracing import Tracing
 from tests import tiers
-from tests.fakes import FakeUpstream, Handler, json_handler
+from tests.fakes import FakeUpstream, Handler, OTLPSink, json_handler
 from tests.forwardproxy import ForwardProxyServer
+from tests.grouped import exported_spans, records_of
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -110,11 +112,17 @@ class Proxied:
     """A running proxy in front of `upstream`, with what it recorded.
 
     `srv` is a `Running` (one process) or, with `proxy_workers` > 1, a `Group` of worker
-    processes; their records reach `records` through the supervisor a moment after the client
-    has its answer (`settled`), and so do their spans, which the supervisor builds (`settled_spans`)."""
+    processes. A group's workers export their spans themselves, to `sink` (an OTLP receiver:
+    `spans` decodes them), and keep their records: `settled` reads them from the group's live
+    view (`tests/grouped.py`) and brings the group's metrics up to date first."""
 
     def __init__(
-        self, srv: Any, upstream: FakeUpstream, records: list[RequestRecord], exporter: InMemorySpanExporter
+        self,
+        srv: Any,
+        upstream: FakeUpstream,
+        records: list[RequestRecord],
+        exporter: InMemorySpanExporter,
+        sink: OTLPSink | None = None,
     ) -> None:
         self.srv = srv
         self.url = srv.proxy_url
@@ -122,25 +130,42 @@ class Proxied:
         self.upstream = upstream
         self.records = records
         self.exporter = exporter
+        self.sink = sink
+
+    @property
+    def grouped(self) -> bool:
+        """A group of workers (else the proxy in this process)."""
+        return self.sink is not None
 
     def serve(self, handler: Handler) -> None:
         self.upstream.handler = handler
 
     async def settled(self, count: int, timeout: float = 10.0) -> list[RequestRecord]:
-        """The records, once there are `count` of them (workers ship theirs asynchronously)."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while len(self.records) < count and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.005)
+        """The records, once there are `count` of them (a group's: from its live view, its
+        metrics brought up to date)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self.sink is None:
+            while len(self.records) < count and loop.time() < deadline:
+                await asyncio.sleep(0.005)
+        else:
+            async with aiohttp.ClientSession() as session:
+                while True:
+                    self.records[:] = await records_of(self.metrics_url, session)
+                    if len(self.records) >= count or loop.time() >= deadline:
+                        break
+                    await asyncio.sleep(0.02)
+            await self.srv.refresh()
         assert len(self.records) >= count, f"{len(self.records)} records, expected {count}"
         return self.records
 
     def spans(self, name: str | None = None) -> list[Any]:
-        spans = list(self.exporter.get_finished_spans())
+        spans = list(self.exporter.get_finished_spans()) if self.sink is None else exported_spans(self.sink.payloads)
         return [s for s in spans if name is None or s.name == name]
 
     async def settled_spans(self, name: str | None = None, count: int = 1, timeout: float = 10.0) -> list[Any]:
-        """The spans once there are `count` named `name`: a group's supervisor builds them from the
-        records its workers ship, a moment after the client has its answer."""
+        """The spans once there are `count` named `name`: a group's workers export them a moment
+        after the client has its answer."""
         deadline = asyncio.get_running_loop().time() + timeout
         while len(self.spans(name)) < count and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.005)
@@ -151,13 +176,12 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[Proxied]]
 
 
 @pytest.fixture
-def proxy_workers(request: pytest.FixtureRequest) -> int | str:
-    """1: the proxy in this process; N: a group of N workers; "tp": one worker and its supervisor
-    (`--telemetry-process`). A module runs its tests in several modes with
-    `pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)`; a test that
-    reads what only the proxy's own process has (its log records) is marked
+def proxy_workers(request: pytest.FixtureRequest) -> int:
+    """1: the proxy in this process; N: a group of N workers. A module runs its tests in both
+    modes with `pytestmark = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)`; a
+    test that reads what only the proxy's own process has (its log records) is marked
     `@pytest.mark.one_process` and skipped in a group."""
-    workers: int | str = getattr(request, "param", 1)
+    workers: int = getattr(request, "param", 1)
     if workers != 1 and request.node.get_closest_marker("one_process"):
         pytest.skip("reads the proxy process's own logs; workers have theirs")
     return workers
@@ -169,7 +193,7 @@ def start_proxy(
     tracing: Tracing,
     registry: CollectorRegistry,
     exporter: InMemorySpanExporter,
-    proxy_workers: int | str,
+    proxy_workers: int,
 ) -> ProxyFactory:
     """`async with start_proxy(**settings) as p:` — the real proxy on port 0 (or a group of
     `proxy_workers` worker processes and their supervisor)."""
@@ -181,17 +205,19 @@ def start_proxy(
         root_route = any(parse_route(r).prefix == "" for r in overrides.get("routes", ()))
         given = {} if root_route else {"upstream": upstream.url}
         settings = Settings(
-            **{
-                **given, "port": 0, "metrics_port": 0, "drain_seconds": 1.0,
-                "workers": 1 if proxy_workers == "tp" else proxy_workers,
-                "telemetry_process": proxy_workers == "tp", **overrides,
-            }
-        )  # fmt: skip
-        if settings.workers > 1 or settings.telemetry_process:
+            **{**given, "port": 0, "metrics_port": 0, "drain_seconds": 1.0, "workers": proxy_workers, **overrides}
+        )
+        if settings.workers > 1:
             from proxy.workers.supervisor import supervising
 
-            async with supervising(settings, on_record=records.append, registry=registry, tracing=tracing) as group:
-                yield Proxied(group, upstream, records, exporter)
+            sink = await OTLPSink().start()
+            # Each worker exports its spans, within 10 ms of their end, to the sink.
+            env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "10"}
+            try:
+                async with supervising(settings, registry=registry, env=env) as group:
+                    yield Proxied(group, upstream, records, exporter, sink)
+            finally:
+                await sink.close()
             return
         async with running(settings, on_record=records.append, tracing=tracing, registry=registry) as srv:
             yield Proxied(srv, upstream, records, exporter)

@@ -10,7 +10,6 @@ from opentelemetry.trace import Status, StatusCode
 
 from proxy.exchange.record import RequestRecord
 from proxy.telemetry.span_end import network_attributes
-from proxy.telemetry.spandata import Resource
 from proxy.telemetry.spans import RootSpan, Spans
 
 Phase = tuple[str, int, int, dict[str, Any], Status | None]
@@ -23,11 +22,10 @@ def finish(
     output_text: str | None = None,
     *,
     output_value: str | None = None,
-    resource: Resource | None = None,
 ) -> None:
     """`span` ended from `rec`, its phase children with it, to `tel`'s processor."""
     start = tel.span_start(span, rec.sampling, output_text, output_value)
-    tel.end(dataclasses.replace(rec, span=start), resource)
+    tel.end(dataclasses.replace(rec, span=start))
 
 
 def phases(rec: RequestRecord, offset: int) -> list[Phase]:

@@ -26,9 +26,9 @@ from proxy.cli import main
 from proxy.config.accounting import accounting_from
 from proxy.config.config import load
 from proxy.config.settings import Settings
-from proxy.exchange.record import RequestRecord
 from tests.conftest import ProxyFactory
 from tests.fakes import json_handler
+from tests.grouped import records_of
 
 SALT = b"0123456789abcdef-test-salt"
 CHAT = {
@@ -177,6 +177,7 @@ async def test_key_id_is_on_by_default_and_body_user_is_off(
         p.serve(json_handler(CHAT))
         await _post(client, p.url, "sk-one", "alice")
         await _post(client, p.url, "sk-two", "alice")
+        await p.settled(2)
     ids = [s.attributes[KEY_ID] for s in p.spans() if s.kind.name == "CLIENT"]
     assert len(ids) == 2 and ids[0] != ids[1] and all(len(i) == 12 for i in ids)
     assert all("user.id" not in s.attributes for s in p.spans())
@@ -220,7 +221,6 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
     from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
     upstream = await FakeUpstream(stream_handler(chat_stream(10), gap=0.05)).start()
-    records: list[RequestRecord] = []
     settings = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=2.0, workers=2)
 
     async def one() -> None:
@@ -234,7 +234,7 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
     config = load(settings)  # as `taotrace serve` loads it, once, when it checks the settings
     accounting = config.accounting
     try:
-        async with supervising(config, on_record=records.append) as group:
+        async with supervising(config) as group:
             tasks = [asyncio.ensure_future(one()) for _ in range(12)]
             deadline = time.monotonic() + 10
             while not all(
@@ -243,11 +243,11 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
                 assert time.monotonic() < deadline, "one worker got every connection"
                 await asyncio.sleep(0.02)
             await asyncio.gather(*tasks)
-            while len(records) < 12:
-                assert time.monotonic() < deadline + 10
-                await asyncio.sleep(0.05)
+            async with aiohttp.ClientSession() as session:
+                records = await records_of(group.metrics_url, session)  # what both workers' live views show
     finally:
         await upstream.close()
+    assert len(records) == 12
     ids = {dict(r.attributes)[KEY_ID] for r in records}
     assert ids == {accounting.attributor.key_id("sk-one-key")}  # the salt drawn at start is every worker's
 

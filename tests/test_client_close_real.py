@@ -24,10 +24,6 @@ import pytest
 from tests.conftest import Proxied, ProxyFactory
 from tests.fakes import FakeUpstream, chat_stream, stream_handler
 
-# One process, and one worker with its telemetry process (two workers could split a client's
-# requests, and with them the upstream connection these tests watch being reused).
-pytestmark = pytest.mark.parametrize("proxy_workers", [1, "tp"], indirect=True)
-
 KEY = "sk-test-not-a-real-key"
 LINGER = 2.0  # seconds between [DONE] and the end of the body, in the first request
 DISCARD = 4.0  # the proxy's bound on reading the rest (--upstream-discard-seconds)

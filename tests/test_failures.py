@@ -158,7 +158,7 @@ async def test_collector_down_changes_nothing(upstream, client: aiohttp.ClientSe
     fired_on_time(time.monotonic() - started, 2.0, strict=strict, early=2.0, late=0.5)  # not the SDK's 30 s
 
 
-@pytest.mark.parametrize("mode", ["--workers 1", "--workers 2", "--telemetry-process"])
+@pytest.mark.parametrize("mode", ["--workers 1", "--workers 2"])
 def test_sigterm_drains_in_flight_streams_then_exits(tmp_path, mode: str) -> None:
     """A real `taotrace serve` process (or group): in-flight streams finish, new connections are refused."""
     script = tmp_path / "drain_client.py"

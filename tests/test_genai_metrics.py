@@ -315,23 +315,39 @@ def test_console_prints_the_sdk_s_json_per_export() -> None:
     assert duration["data"]["data_points"][0]["count"] == 1 and duration["unit"] == "s"
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="--telemetry-process needs SO_REUSEPORT (Linux)")
-async def test_a_telemetry_process_records_and_exports_the_same(
-    upstream: FakeUpstream, client: aiohttp.ClientSession
-) -> None:
-    """`--telemetry-process`: the worker ships its records, the supervisor records and exports them."""
+@pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
+async def test_each_worker_exports_its_own_under_its_instance_id(upstream: FakeUpstream) -> None:
+    """`--workers 2`: each worker records and exports the requests it served, under the group's
+    resource with its own `service.instance.id` (as the OpenTelemetry way has it); together they
+    are every request, once."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
     from proxy.workers.supervisor import supervising
 
     sink = await OTLPSink().start()
+    requests = 12
     try:
-        env = {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
-        provider = build_meter_provider(env)
-        assert provider is not None
-        settings = Settings(upstream=upstream.url, port=0, metrics_port=0, telemetry_process=True)
-        async with supervising(settings, env={**os.environ, **env}, meter_provider=provider) as group:
-            await exercise(group.proxy_url, upstream, client)
-        assert await asyncio.to_thread(shutdown_meter_provider, provider, 10.0)
-        check_spec_shape(sink.metrics(), upstream, CUMULATIVE)
+        env = {**os.environ, "OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
+        settings = Settings(upstream=upstream.url, port=0, metrics_port=0, workers=2)
+        async with supervising(settings, env=env) as group:
+            for _ in range(requests):  # a connection each: the kernel spreads them over the workers
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as own:
+                    async with own.post(group.proxy_url + "/v1/chat/completions", json={"model": "m"}) as r:
+                        assert r.status == 200 and await r.read() == b'{"ok": true}'
+        # Each exports its last interval as it exits (cumulative: its last point is its total).
+        counted: dict[str, int] = {}
+        for payload in sink.metric_payloads:
+            req = ExportMetricsServiceRequest()
+            req.ParseFromString(payload)
+            for rm in req.resource_metrics:
+                resource = {kv.key: kv.value.string_value for kv in rm.resource.attributes}
+                assert resource["service.name"] == "taotrace"
+                metrics = [m for sm in rm.scope_metrics for m in sm.metrics]
+                total = sum(p.count for p in points(metrics, "gen_ai.client.operation.duration"))
+                instance = resource["service.instance.id"]
+                counted[instance] = max(counted.get(instance, 0), total)
+        assert len(counted) == 2, counted  # both served, each under its own id
+        assert sum(counted.values()) == requests
     finally:
         await sink.close()
 
@@ -536,17 +552,16 @@ def test_each_kind_of_request_records_under_its_own_attribute_sets() -> None:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("serving", [True, False])
-def test_only_a_serving_process_gives_the_gil_back_while_it_records(serving: bool) -> None:
-    """As the span exporter: a group's supervisor records without stepping aside for its loop."""
+def test_the_recorder_gives_the_gil_back_while_it_records() -> None:
+    """As the span exporter: every process that records relays streams too (one process, or each worker)."""
     from proxy.config.config import load
     from proxy.reporting.reporting import genai_metrics_for
 
     provider = build_meter_provider({"OTEL_METRICS_EXPORTER": "console"})
     assert provider is not None
-    genai = genai_metrics_for(load(Settings(upstream="http://h:1"), {}), provider, ModelLabels(), {}, serving=serving)
+    genai = genai_metrics_for(load(Settings(upstream="http://h:1"), {}), provider, ModelLabels(), {})
     try:
-        assert genai.yield_gil is serving
+        assert genai.yield_gil is True
     finally:
         genai.stop()
         shutdown_meter_provider(provider, 1.0)

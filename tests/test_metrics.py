@@ -42,7 +42,6 @@ CONTRACT = {
     "taotrace_cost_unpriced_requests": ("counter", {"upstream", "api", "model"}),
     "taotrace_cost_cache_savings": ("counter", {"upstream", "api", "model"}),
     "taotrace_worker_restarts": ("counter", set()),
-    "taotrace_records_dropped": ("counter", set()),
     "taotrace_spans_dropped": ("counter", {"reason"}),
     "taotrace_upstream_rtt_seconds": ("histogram", {"upstream", "api", "model"}),
     "taotrace_upstream_retransmits": ("counter", {"upstream", "api", "model"}),

@@ -175,9 +175,9 @@ def _mirror_settings(mirror_url: str, **kw: object) -> dict[str, object]:
     }  # fmt: skip
 
 
-# One process, a group of two workers, and one worker with its telemetry process: the copy runs
-# in the serving process, its record, drops and span go where the request's go.
-GROUPS = pytest.mark.parametrize("proxy_workers", [1, 2, "tp"], indirect=True)
+# One process, and a group of two workers: the copy runs in the serving process, its record,
+# drops and span go where the request's go.
+GROUPS = pytest.mark.parametrize("proxy_workers", [1, 2], indirect=True)
 
 
 @GROUPS
@@ -199,7 +199,7 @@ async def test_a_stalling_mirror_never_delays_the_client_and_the_pair_is_recorde
         assert took < 1.5, took
         (primary,) = await p.settled(1)
         assert not mirror_upstream.completed
-        await _until(lambda: len(p.records) == 2)
+        await p.settled(2, timeout=15.0)
         async with client.get(p.metrics_url + "/api/requests") as r:
             rows = (await r.json())["requests"]
     mirror = p.records[1]
@@ -282,7 +282,7 @@ async def test_a_dead_mirror_never_touches_the_client(
     settings = _mirror_settings("http://127.0.0.1:9", mirror_key_env=None)  # nothing listens on port 9
     async with start_proxy(**settings) as p:
         body, _ = await _chat(client, p.url)
-        await _until(lambda: len(p.records) == 2)
+        await p.settled(2)
     assert body == b"".join(chat_stream(8))
     primary, mirror = sorted(p.records, key=lambda r: r.mirror)
     assert primary.error_type == "" and mirror.error_type == "connect"
@@ -315,7 +315,7 @@ async def test_the_live_view_shows_the_pair_and_counts_only_client_requests(
         assert primary.pair_id is not None
         async with client.get(f"{p.metrics_url}/api/pairs/{primary.pair_id}") as r:
             half = await r.json()  # the copy is still waiting for its first token
-        await _until(lambda: len(p.records) == 2)
+        await p.settled(2)
         async with client.get(f"{p.metrics_url}/api/pairs/{primary.pair_id}") as r:
             assert r.status == 200
             both = await r.json()
@@ -362,6 +362,7 @@ async def test_in_a_group_each_worker_keeps_its_share_and_the_supervisor_counts_
 
         copies = len(mirror_upstream.seen)
         await _until(lambda: copies + dropped() == sent)
-        await _until(lambda: sum(r.mirror for r in p.records) == copies)
+        await p.settled(sent + copies)
+        assert sum(r.mirror for r in p.records) == copies
     assert 1 <= copies <= 2
     assert registry.get_sample_value("taotrace_mirror_dropped_total", {"reason": "concurrency"}) in (None, 0.0)

@@ -98,6 +98,7 @@ async def test_a_burst_exports_exactly_the_kept_traces(
     async with start_proxy(sample_ratio=RATIO, keep_slower_than=f"ttft={SLOW / 2}") as p:
         p.serve(upstream)
         await asyncio.gather(*(send(kind) for kind in plan))
+        await p.settled(len(plan))
 
     # The oracle: what each request should have become, from what the upstream saw.
     sdk = TraceIdRatioBased(RATIO)

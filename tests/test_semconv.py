@@ -34,7 +34,7 @@ NAMESPACES = ("gen_ai", "server", "http", "url", "error", "user")
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 OTLP_KIND = {"histogram": "histogram", "counter": "sum", "updowncounter": "sum", "gauge": "gauge"}
-MODES = ["one", pytest.param("tp", marks=pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT"))]
+MODES = ["one", pytest.param("workers", marks=pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT"))]
 
 
 def _table(*names: str) -> dict[str, Any]:
@@ -123,8 +123,8 @@ def attrs(item: Any) -> dict[str, object]:
 
 @asynccontextmanager
 async def proxied(upstream: FakeUpstream, sink: OTLPSink, mode: str, **settings: Any) -> AsyncIterator[str]:
-    """The proxy exporting spans and metrics to `sink`; one process, or a serving process and the
-    telemetry process (`tp`). Yields the proxy's URL; on exit everything has been exported."""
+    """The proxy exporting spans and metrics to `sink`; one process, or two workers each exporting
+    its own (`workers`). Yields the proxy's URL; on exit everything has been exported."""
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url,
         "OTEL_METRICS_EXPORTER": "otlp",
@@ -132,20 +132,20 @@ async def proxied(upstream: FakeUpstream, sink: OTLPSink, mode: str, **settings:
         ENV: os.environ.get(ENV, ""),
     }
     env = {**os.environ, **env}  # OTEL_RESOURCE_ATTRIBUTES as the process has it
-    tracer, meters = build_tracing(env), build_meter_provider(env)
-    assert meters is not None
     config = Settings(upstream=upstream.url, port=0, metrics_port=0, drain_seconds=1.0, **settings)
     if mode == "one":
+        tracer, meters = build_tracing(env), build_meter_provider(env)
+        assert meters is not None
         async with running(config, tracing=tracer, meter_provider=meters) as srv:
             yield srv.proxy_url
+        assert await asyncio.to_thread(shutdown_tracing, tracer, 10.0)
+        assert await asyncio.to_thread(shutdown_meter_provider, meters, 10.0)
     else:
         from proxy.workers.supervisor import supervising
 
-        config = config.model_copy(update={"telemetry_process": True})
-        async with supervising(config, env=env, tracing=tracer, meter_provider=meters) as group:
+        config = config.model_copy(update={"workers": 2})
+        async with supervising(config, env=env) as group:  # each worker flushes its own as it exits
             yield group.proxy_url
-    assert await asyncio.to_thread(shutdown_tracing, tracer, 10.0)
-    assert await asyncio.to_thread(shutdown_meter_provider, meters, 10.0)
 
 
 def _routed(upstream: FakeUpstream) -> None:

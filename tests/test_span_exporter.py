@@ -353,19 +353,15 @@ def test_grpc_compresses_as_asked(grpc_collector: tuple[str, _GrpcCollector], co
     ours.shutdown()
 
 
-@pytest.mark.parametrize("serving", [True, False])
-def test_only_a_serving_process_gives_the_gil_back_while_it_exports(serving: bool) -> None:
-    """A serving process's export thread lets the loop in every few spans and between batches; a
-    group's supervisor (no loop of its relays streams) keeps the GIL for a batch: behind its busy
-    loop, giving it back every 16 spans starved the thread (at saturation 68-89 % of spans dropped
-    from a full queue, tests/bench/supervisor_records.py)."""
+def test_the_export_thread_gives_the_gil_back_while_it_exports() -> None:
+    """The export thread lets the serving loop in every few spans encoded and between batches
+    (every process that exports spans relays streams too: one process, or each worker)."""
     from proxy.telemetry.otlp import release_gil
 
-    tracing = build_tracing({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}, serving=serving)
+    tracing = build_tracing({"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{closed_port()}"})
     processor = tracing.processor
     assert isinstance(processor, BatchSpanProcessor) and isinstance(processor.exporter, OtlpSpanExporter)
     try:
-        pauses = (processor._pause, processor.exporter._pause)  # what each calls between spans or batches
-        assert pauses == ((release_gil, release_gil) if serving else (None, None))
+        assert (processor._pause, processor.exporter._pause) == (release_gil, release_gil)
     finally:
         processor.shutdown(1.0)

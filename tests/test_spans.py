@@ -37,7 +37,7 @@ async def test_traceparent_is_continued_and_upstream_parent_is_ours(
     assert trace_id == CLIENT_TRACE
     assert parent_id != CLIENT_SPAN  # the client's span would make siblings
     assert parent_id == format(root.context.span_id, "016x")
-    assert proxy.records[-1].trace_id == CLIENT_TRACE
+    assert (await proxy.settled(1))[-1].trace_id == CLIENT_TRACE
 
 
 async def test_new_trace_without_traceparent(proxy: Proxied, client: aiohttp.ClientSession) -> None:
@@ -137,9 +137,10 @@ async def test_first_chunk_and_first_token_are_apart(proxy: Proxied, client: aio
     a = (await proxy.settled_spans("chat m"))[-1].attributes
     assert 0.04 < a["gen_ai.response.time_to_first_chunk"] < 0.3
     assert a["taotrace.ttft"] - a["gen_ai.response.time_to_first_chunk"] >= 0.25
-    rec = proxy.records[-1]
+    rec = (await proxy.settled(1))[-1]
     assert rec.timing.ttfc == a["gen_ai.response.time_to_first_chunk"] and rec.timing.ttft == a["taotrace.ttft"]
-    assert len(rec.timing.chunk_gaps) == 2  # three chunks; [DONE] is not one
+    if not proxy.grouped:  # a group's live view, where its records are read, shows no chunk gaps
+        assert len(rec.timing.chunk_gaps) == 2  # three chunks; [DONE] is not one
 
 
 async def test_request_parameters_and_anthropic_cache_tokens_on_the_span(
@@ -165,7 +166,8 @@ async def test_request_parameters_and_anthropic_cache_tokens_on_the_span(
     assert a["gen_ai.usage.cache_creation.input_tokens"] == 5
     assert a["gen_ai.usage.output_tokens"] == 3
     assert a["gen_ai.response.id"] == "msg_9" and a["gen_ai.response.finish_reasons"] == ("end_turn",)
-    assert len(proxy.records[-1].timing.chunk_gaps) == 3  # four chunks: ping is not one
+    if not proxy.grouped:  # a group's live view, where its records are read, shows no chunk gaps
+        assert len(proxy.records[-1].timing.chunk_gaps) == 3  # four chunks: ping is not one
 
 
 async def test_openai_cached_and_reasoning_tokens_on_the_span(proxy: Proxied, client: aiohttp.ClientSession) -> None:

@@ -1,8 +1,8 @@
 """What `taotrace serve` (and `sim`, `demo`) say and do at start, on real processes.
 
 A port that is taken is one line naming the address and the flag to change, exit status 2, in
-about a second, in one process, with `--workers 2` and with `--telemetry-process` (it used to
-take 41 s with workers, print nothing meanwhile and ignore Ctrl-C). The startup line says where
+about a second, in one process and with `--workers 2` (it used to take 41 s with workers, print
+nothing meanwhile and ignore Ctrl-C). The startup line says where
 metrics, the live view and the spans go; an open live view and a misspelled `TAOTRACE_*` name
 are warned about, never with a value.
 """
@@ -109,7 +109,7 @@ def _refused(port: int, flag: str) -> str:
     return f"cannot listen on 127.0.0.1:{port}: address already in use (another taotrace running? choose another port with {flag})"
 
 
-MODES = {"one process": (), "--workers 2": ("--workers", "2"), "--telemetry-process": ("--telemetry-process",)}
+MODES = {"one process": (), "--workers 2": ("--workers", "2")}
 
 
 @pytest.mark.parametrize("taken_flag", ["--port", "--metrics-port"])
@@ -211,15 +211,13 @@ def test_the_startup_line_names_the_upstream_of_a_root_route() -> None:
 def test_a_token_protected_live_view_is_said_so_and_not_warned_about() -> None:
     env = _env(TAOTRACE_UI_TOKEN="a-token-for-the-live-view", OTEL_EXPORTER_OTLP_ENDPOINT="grpc-collector:4317",
                OTEL_EXPORTER_OTLP_PROTOCOL="grpc")  # fmt: skip
-    serving = _Serving(
-        "--port", "0", "--metrics-port", "0", "--metrics-host", "0.0.0.0", "--telemetry-process", env=env
-    )
+    serving = _Serving("--port", "0", "--metrics-port", "0", "--metrics-host", "0.0.0.0", "--workers", "2", env=env)
     try:
         line = serving.started()
         text = serving.text()
     finally:
         serving.stop()
-    assert "(1 worker, pids " in line
+    assert "(2 workers, pids " in line
     assert re.search(
         r"; live view on http://0\.0\.0\.0:\d+/ \(token required\); spans to grpc-collector:4317 \(OTLP grpc\)$", line
     ), line

@@ -2,52 +2,34 @@
 
 Real processes where it matters, the other end faked at the channel: a real worker with this test
 as a supervisor that stops reading; a real supervisor with scripted workers (a Hello of another
-version, a worker that reports drops and in-flight requests, then dies).
+version, a worker that reports its sinks' failures and requests in flight, then dies).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import marshal
 import os
 import pickle
-import random
 import signal
 import socket
 import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.accounting.prices import Cost
-from proxy.accounting.ratelimits import RateLimit, RateLimits
 from proxy.config.settings import Settings
-from proxy.exchange.record import SpanStart
 from proxy.server.listen import bind
-from proxy.upstream.tcpinfo import TcpStats
+from proxy.ui.ring import Query
 from proxy.workers.channel import ChannelError, decode, decode_frame, encode, mismatch, receive, receive_hello
-from proxy.workers.messages import (
-    SCHEMA,
-    VERSION,
-    WIRE,
-    AskInFlight,
-    Hello,
-    InFlightAnswer,
-    Ready,
-    Records,
-    Start,
-    schema,
-)
-from proxy.workers.plain import Plain
+from proxy.workers.messages import SCHEMA, VERSION, WIRE, Answer, Ask, Hello, Ready, Report, Start, schema
 from proxy.workers.supervisor import Group, supervising
-from proxy.workers.worker import BATCH_DELAY, BATCH_RECORDS, Shipper
-from tests.fakes import FakeUpstream, chat_stream, json_handler, record_for, stream_handler
+from tests.fakes import FakeUpstream, chat_stream, json_handler, stream_handler
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
 
@@ -87,7 +69,7 @@ def test_the_schema_digest_changes_with_any_field_of_a_class_that_crosses() -> N
     assert mismatch(dataclasses.replace(ours, schema=schema(outer(inner)))) is not None
     assert mismatch(dataclasses.replace(ours, version="0.0.1")) is not None
     # The way messages are written is part of the digest: same classes, another wire, refused.
-    roots = (Hello, Start, Ready, Records, AskInFlight, InFlightAnswer)
+    roots = (Hello, Start, Ready, Report, Ask, Answer)
     assert schema(*roots) == SCHEMA and schema(*roots, wire=WIRE - 1) != SCHEMA
     assert mismatch(dataclasses.replace(ours, schema=schema(*roots, wire=WIRE - 1))) is not None
 
@@ -104,14 +86,12 @@ async def test_frames_that_are_not_our_messages_are_refused() -> None:
         await receive(reader_of(b"abc"))  # not a pickle
     with pytest.raises(ChannelError):
         await receive(reader_of(pickle.dumps(("records", [], {}))))  # the old untyped tuples
-    with pytest.raises(ChannelError):  # records as the pickle-only build wrote them
-        await receive(reader_of(pickle.dumps(Records([], {}, 0, {}), protocol=pickle.HIGHEST_PROTOCOL)))
-    with pytest.raises(ChannelError):  # records arrive in their own form, never as a pickle frame
-        await receive(reader_of(b"P" + pickle.dumps(Records([], {}, 0, {}))))
-    with pytest.raises(ChannelError):  # a record of another shape (fields added or taken away)
-        await receive(reader_of(b"R" + marshal.dumps(([("a", "b")], {}, 0, {}, {}))))
-    with pytest.raises(ChannelError):
-        await receive(reader_of(b"R" + b"not marshal"))
+    with pytest.raises(ChannelError):  # a pickle of a class that is not a message
+        await receive(reader_of(pickle.dumps(Query(), protocol=pickle.HIGHEST_PROTOCOL)))
+    with pytest.raises(ChannelError):  # what the builds that shipped records wrote: a kind byte first
+        await receive(reader_of(b"P" + pickle.dumps(Ready())))
+    report = Report([("taotrace_requests", [(("up", "chat", "m", "200", ""), 3.0)])], ask=7)
+    assert decode_frame(encode(report)) == report
     with pytest.raises(ChannelError):
         await receive_hello(reader_of(b'{"taotrace": "0.1.0"}'))  # a hello without its schema
     reader = asyncio.StreamReader()
@@ -144,12 +124,12 @@ open(sys.argv[1], "w").write("told to start" if got else "closed")
 """
 
 
-# The digest the last build that wrote every message as a pickle said in its Hello (same version).
-PICKLE_ONLY_SCHEMA = "e3dc5af759871c4d"
+# The digest the last build that shipped records said in its Hello (same version).
+RECORDS_SCHEMA = "1ace7c1c291c951c"
 
 
 @pytest.mark.parametrize(
-    "version,digest", [("0.0.1", "0123456789abcdef"), (VERSION, PICKLE_ONLY_SCHEMA)], ids=["older", "pickle-only"]
+    "version,digest", [("0.0.1", "0123456789abcdef"), (VERSION, RECORDS_SCHEMA)], ids=["older", "records"]
 )
 async def test_a_worker_of_another_version_is_refused_and_the_group_serves_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, version: str, digest: str
@@ -174,17 +154,17 @@ async def test_a_worker_of_another_version_is_refused_and_the_group_serves_on(
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].startswith("worker ")
     assert refusals[0].endswith(
-        f"refused: it runs taotrace {version} (records {digest}), this supervisor {VERSION} (records {SCHEMA}); "
+        f"refused: it runs taotrace {version} (messages {digest}), this supervisor {VERSION} (messages {SCHEMA}); "
         "restart the whole group after an upgrade"
     )
 
 
-# A worker command: the first process says it dropped records, that its sinks failed on some, and
-# that it has 3 requests in flight, then dies; later ones serve nothing, quietly.
+# A worker command: the first process reports that its sinks failed on some records and that it
+# has 3 requests in flight, then dies; later ones serve nothing, quietly.
 REPORTS_THEN_DIES = r"""
 import asyncio, os, socket, sys
 from proxy.workers.channel import encode, encode_hello, receive
-from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Records, Start
+from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Report, Start
 
 async def main():
     first = True
@@ -197,10 +177,14 @@ async def main():
     assert isinstance(await receive(reader), Start)
     writer.write(encode(Ready()))
     if first:
-        busy = {("127.0.0.1", "chat_completions"): 2.0, ("127.0.0.1", "messages"): 1.0}
-        writer.write(encode(Records([], busy, 5, {"spans": 1.0})))
-        # Counts since it started: 7 drops in all, not 12; 3 span and 2 shipping failures.
-        writer.write(encode(Records([], busy, 7, {"spans": 3.0, "workers_ship": 2.0})))
+        busy = [(("127.0.0.1", "chat_completions"), 2.0), (("127.0.0.1", "messages"), 1.0)]
+        done = [(("127.0.0.1", "chat_completions", "m", "200", ""), 4.0)]
+        writer.write(encode(Report([("taotrace_requests", done), ("taotrace_in_flight_requests", busy),
+                                    ("taotrace_sink_errors", [(("spans",), 1.0), (("access_log",), 0.0)])])))
+        # Changes: 2 more span failures, one of the chat requests finished.
+        writer.write(encode(Report([("taotrace_requests", [(done[0][0], 1.0)]),
+                                    ("taotrace_in_flight_requests", [(busy[0][0], 1.0)]),
+                                    ("taotrace_sink_errors", [(("spans",), 2.0)])])))
         await writer.drain()
         await asyncio.sleep(0.3)
         os._exit(1)
@@ -210,10 +194,8 @@ asyncio.run(main())
 """
 
 
-async def test_the_supervisor_counts_drops_sink_errors_and_a_dead_workers_requests_in_flight(tmp_path: Path) -> None:
-    settings = Settings(
-        upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1, access_log=True
-    )
+async def test_the_supervisor_adds_reports_and_counts_a_dead_workers_requests_in_flight_once(tmp_path: Path) -> None:
+    settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=2)
     command = (sys.executable, "-c", REPORTS_THEN_DIES, str(tmp_path / "first"))
     async with supervising(settings, worker_command=command) as group:
 
@@ -222,18 +204,23 @@ async def test_the_supervisor_counts_drops_sink_errors_and_a_dead_workers_reques
 
         await eventually(restarted)
         samples = await scrape(group)
-    assert samples[("taotrace_records_dropped_total", ())] == 7
+        await asyncio.sleep(0.6)  # reports of the successor (none) and a second scrape: nothing counted twice
+        again = await scrape(group)
+    assert samples == again
     assert samples[("taotrace_sink_errors_total", (("sink", "spans"),))] == 3
-    assert samples[("taotrace_sink_errors_total", (("sink", "workers_ship"),))] == 2
-    assert samples[("taotrace_sink_errors_total", (("sink", "live_view"),))] == 0  # the supervisor's own, from 0
-    for in_workers in ("record", "access_log"):  # the workers' own, from 0 too (as in one process)
-        assert samples[("taotrace_sink_errors_total", (("sink", in_workers),))] == 0, in_workers
-    lost = {
-        dict(labels)["api"]: (dict(labels)["model"], dict(labels)["status_code"], n)
+    assert samples[("taotrace_sink_errors_total", (("sink", "access_log"),))] == 0  # made at 0 in the worker
+    requests = {
+        (dict(labels)["api"], dict(labels)["error_type"], dict(labels)["model"], dict(labels)["status_code"]): n
         for (name, labels), n in samples.items()
-        if name == "taotrace_requests_total" and dict(labels)["error_type"] == "worker_lost"
+        if name == "taotrace_requests_total"
     }
-    assert lost == {"chat_completions": ("unknown", "0", 2.0), "messages": ("unknown", "0", 1.0)}
+    assert requests == {
+        ("chat_completions", "", "m", "200"): 5,
+        ("chat_completions", "worker_lost", "unknown", "0"): 1,  # as its last report had them in flight
+        ("messages", "worker_lost", "unknown", "0"): 1,
+    }
+    in_flight = {k: v for k, v in samples.items() if k[0] == "taotrace_in_flight_requests"}
+    assert set(in_flight.values()) == {0.0}  # what the dead worker had in flight is taken back
 
 
 async def _frames(reader: asyncio.StreamReader, quiet: float) -> list[bytes]:
@@ -245,107 +232,6 @@ async def _frames(reader: asyncio.StreamReader, quiet: float) -> list[bytes]:
         except asyncio.TimeoutError:
             return out
         out.append(await reader.readexactly(struct.unpack("!I", head)[0]))
-
-
-async def test_a_worker_whose_supervisor_stops_reading_holds_at_most_its_bound_and_counts_the_drops() -> None:
-    """The real worker, with this test as its supervisor: it reads the Hello, sends a Start with a
-    32 KiB bound, then reads nothing while 1,000 requests pass through the worker."""
-    upstream = await FakeUpstream(json_handler({"ok": True})).start()
-    bound, requests = 32 * 1024, 1000
-    parent, child = socket.socketpair()
-    child.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # little room in the kernel: the worker's bound holds
-    reserved = bind("127.0.0.1", 0, port_flag="--port", host_flag="--host", backlog=None, reuse_port=True)
-    port = reserved[0].getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy.workers.worker", str(child.fileno()), pass_fds=(child.fileno(),),
-        stdin=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    child.close()
-    try:
-        reader, writer = await asyncio.open_connection(sock=parent)
-        hello = await asyncio.wait_for(receive_hello(reader), 30)
-        assert hello is not None and mismatch(hello) is None and hello.pid == proc.pid
-        settings = Settings(upstream=upstream.url, port=port, metrics_port=0, drain_seconds=1.0, log_level="warning")
-        writer.write(encode(Start(settings.model_dump(), 0, False, bound)))
-        assert isinstance(await asyncio.wait_for(receive(reader), 30), Ready)
-
-        transport = writer.transport
-        assert isinstance(transport, asyncio.Transport)
-        transport.pause_reading()  # from here on the supervisor reads nothing
-
-        async def one(session: aiohttp.ClientSession) -> bytes:
-            async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m"}) as r:
-                assert r.status == 200
-                return await r.read()
-
-        async with aiohttp.ClientSession() as session:
-            for _ in range(requests // 20):
-                bodies = await asyncio.gather(*(one(session) for _ in range(20)))
-                assert all(b == b'{"ok": true}' for b in bodies)  # requests are unaffected
-        await asyncio.sleep(0.5)  # the last batches and gauge reports are written (or dropped)
-
-        transport.resume_reading()
-        frames = await _frames(reader, quiet=1.0)  # what the worker held for us, and no more
-        messages = [decode(f) for f in frames]
-        records = [rec for m in messages if isinstance(m, Records) for rec in m.records]
-        dropped = max(m.dropped for m in messages if isinstance(m, Records))
-        assert dropped > 0 and len(records) + dropped == requests  # each record arrived or was counted
-        held = sum(len(f) + 4 for f in frames)
-        unbounded = held / len(records) * requests
-        assert held <= bound + max(len(f) for f in frames) + 64 * 1024, (held, bound)  # + one message, + the kernel's
-        assert unbounded > 3 * held  # what it would have held without the bound
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(proc.wait(), 30)
-        for sock in reserved:
-            sock.close()
-        parent.close()
-        await upstream.close()
-
-
-def test_a_record_crosses_the_channel_whole() -> None:
-    """Every field, the nested classes and the optional ones set, arrives as the worker built it."""
-    rnd = random.Random(5)
-    base = record_for("chat_completions", "gpt-4o", 200, rnd, tokens=30)
-    span = SpanStart(
-        name="chat gpt-4o", trace_id=rnd.getrandbits(128), span_id=rnd.getrandbits(64), trace_flags=1,
-        trace_state=(("vendor", "x"),), parent=(rnd.getrandbits(128), rnd.getrandbits(64), 1, True, ()),
-        start=1_700_000_000_000_000_000,
-        attributes={"url.path": "/v1/chat/completions", "server.port": 443, "gen_ai.request.temperature": 0.2,
-                    "gen_ai.request.stream": True, "gen_ai.request.stop_sequences": ("\n", "END")},
-        output='[{"role": "assistant"}]', output_value="the answer", offset=-12345, links=((1, 2, 1, False, (("k", "v"),)),),
-    )  # fmt: skip
-    full = dataclasses.replace(
-        base,
-        timing=dataclasses.replace(base.timing, chunk_gaps=(0.001, 0.002), relay=(4e-6,), ttfc=0.01),
-        attributes=(("taotrace.key.id", "k-1234"), ("app.team", "search")),
-        rate_limits=RateLimits(
-            limits=(RateLimit(kind="requests", limit=500, remaining=499, reset=0.12), RateLimit(kind="tokens")),
-            retry_after=1.5, observed_at=1.7e9,
-        ),  # fmt: skip
-        cost=Cost(amount=0.0123, cache_savings=None, currency="USD"),
-        tcp=TcpStats(rtt=4e-5, rtt_var=1e-5, min_rtt=2e-5, retransmits=0, out_of_order=None, delivery_rate=10**9),
-        span=span, upstream="openai", pair_id="p-1", mirror=True, input_content='[{"role": "user"}]',
-    )  # fmt: skip
-    message = Records([full, base], {("openai", "chat_completions"): 2.0}, 3, {"spans": 1.0}, {"per_minute": 4})
-    frame = encode(message)
-    assert frame[4:5] == b"R"
-    back = decode_frame(frame)
-    assert back == message
-    assert isinstance(back, Records) and type(back.records[0].span) is SpanStart
-    assert back.records[0].rate_limits is not None and back.records[0].rate_limits.limits[1] == RateLimit(kind="tokens")
-
-
-def test_the_tuple_form_refuses_a_class_whose_fields_it_cannot_set() -> None:
-    """Records are rebuilt by setting slots directly: a dataclass without slots is refused when
-    its form is made (at import), not when a record crosses."""
-
-    @dataclasses.dataclass(frozen=True)
-    class NoSlots:
-        a: int
-
-    with pytest.raises(TypeError, match="NoSlots is not a slots dataclass"):
-        Plain(NoSlots)
 
 
 async def _real_worker(
@@ -366,32 +252,84 @@ async def _real_worker(
     hello = await asyncio.wait_for(receive_hello(reader), 30)
     assert hello is not None and mismatch(hello) is None and hello.pid == proc.pid
     settings = Settings(upstream=upstream.url, port=port, metrics_port=0, drain_seconds=1.0, log_level="warning")
-    writer.write(encode(Start(settings.model_dump(), 0, False, bound)))
-    assert isinstance(await asyncio.wait_for(receive(reader), 30), Ready)
+    writer.write(encode(Start(settings.model_dump(), 0, "pod-0", bound)))
+    while not isinstance(await asyncio.wait_for(receive(reader), 30), Ready):
+        pass  # a first report may come before
     return proc, reader, writer, port, reserved
 
 
-async def test_records_arrive_in_order_in_batches_and_none_is_lost_when_a_worker_drains() -> None:
-    """The real worker: requests one after another (each its own model name, so the order shows),
-    then bursts (batched), then SIGTERM right after the last answer: what is still waiting for its
-    batch is sent before the worker exits."""
+def _requests(messages: Sequence[object]) -> float:
+    """The requests the reports among `messages` added up to."""
+    return sum(  # type: ignore[no-any-return]
+        n
+        for m in messages
+        if isinstance(m, Report)
+        for name, changed in m.changes
+        if name == "taotrace_requests"
+        for _labels, n in changed
+    )
+
+
+async def test_a_worker_whose_supervisor_stops_reading_holds_its_reports_back_and_loses_nothing() -> None:
+    """The real worker, with this test as its supervisor: reads nothing while 1,000 requests pass
+    through the worker, asks for its metrics (no answer while it holds back), then reads again:
+    one report carries what the held ones would have, and the count is every request."""
+    upstream = await FakeUpstream(json_handler({"ok": True})).start()
+    requests = 1000
+    proc, reader, writer, port, reserved = await _real_worker(upstream, bound=4096, sndbuf=4096)
+    try:
+        transport = writer.transport
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # from here on the supervisor reads nothing
+        # Fill the socket and the worker's bound: questions it must not answer past its bound.
+        for n in range(1, 200):
+            writer.write(encode(Ask(n, "requests", Query(limit=1000))))
+        await writer.drain()
+
+        async def one(session: aiohttp.ClientSession) -> bytes:
+            async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m"}) as r:
+                assert r.status == 200
+                return await r.read()
+
+        async with aiohttp.ClientSession() as session:
+            for _ in range(requests // 20):
+                bodies = await asyncio.gather(*(one(session) for _ in range(20)))
+                assert all(b == b'{"ok": true}' for b in bodies)  # requests are unaffected
+        await asyncio.sleep(1.0)  # several report periods pass: each held back
+        transport.resume_reading()
+        held = [decode(f) for f in await _frames(reader, quiet=1.0)]
+        assert sum(len(pickle.dumps(m)) for m in held) < 256 * 1024  # bounded: not 200 answers of 1,000 rows
+        writer.write(encode(Ask(1000, "metrics")))  # a scrape: what is left, at once
+        after = [decode(f) for f in await _frames(reader, quiet=1.0)]
+        assert any(isinstance(m, Report) and m.ask == 1000 for m in after)
+        assert _requests(held) + _requests(after) == requests  # every request counted, once
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 30)
+        for sock in reserved:
+            sock.close()
+        writer.close()
+        await upstream.close()
+
+
+async def test_a_worker_reports_every_request_before_it_exits() -> None:
+    """The real worker: bursts of requests, then SIGTERM right after the last answer: its last
+    report is written before it exits, and the reports add up to every request."""
     upstream = await FakeUpstream(json_handler({"ok": True})).start()
     proc, reader, writer, port, reserved = await _real_worker(upstream, 16 * 1024 * 1024)
     try:
 
         async def one(session: aiohttp.ClientSession, n: int) -> None:
-            async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": f"m{n}"}) as r:
+            async with session.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": f"m{n % 3}"}) as r:
                 assert r.status == 200 and await r.read() == b'{"ok": true}'
 
         async with aiohttp.ClientSession() as session:
-            for n in range(40):
-                await one(session, n)
             for burst in range(4):
-                await asyncio.gather(*(one(session, 1000 + 50 * burst + k) for k in range(50)))
-        proc.send_signal(signal.SIGTERM)  # the last burst's records are still in their batch
-        frames = []
+                await asyncio.gather(*(one(session, 50 * burst + k) for k in range(50)))
+        proc.send_signal(signal.SIGTERM)  # the last burst's counts are not reported yet
+        messages = []
         while (message := await asyncio.wait_for(receive(reader), 30)) is not None:
-            frames.append(message)
+            messages.append(message)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
         if proc.returncode is None:
@@ -400,66 +338,28 @@ async def test_records_arrive_in_order_in_batches_and_none_is_lost_when_a_worker
             sock.close()
         writer.close()
         await upstream.close()
-    batches = [m.records for m in frames if isinstance(m, Records) and m.records]
-    models = [rec.model or "" for batch in batches for rec in batch]
-    assert models[:40] == [f"m{n}" for n in range(40)]  # in the order they finished
-    assert sorted(models[40:]) == sorted(f"m{1000 + k}" for k in range(200))  # every one, none twice
-    assert all(m.dropped == 0 for m in frames if isinstance(m, Records))
-    assert len(batches) < 40 + 200  # some travelled together
-    assert max(map(len, batches)) < BATCH_RECORDS + 50  # full at 128, sent on the next turn (one burst may join)
+    assert _requests(messages) == 200
 
 
-async def test_a_full_batch_leaves_at_once_and_a_lone_record_within_the_delay() -> None:
-    """The real `Shipper` over a socketpair: `BATCH_RECORDS` records go on the next turn of the loop,
-    without waiting for the delay; fewer go after `BATCH_DELAY`; each message says the counts."""
-    ours, theirs = socket.socketpair()
-    reader, writer = await asyncio.open_connection(sock=theirs)
-    their_reader, their_writer = await asyncio.open_connection(sock=ours)
-    shipper = Shipper(writer, max_buffered=16 * 1024 * 1024)
-    rnd = random.Random(3)
-    records = [record_for("chat_completions", f"m{i}", 200, rnd) for i in range(BATCH_RECORDS + 1)]
-    try:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        for rec in records[:BATCH_RECORDS]:
-            shipper.record(rec)
-        first = await asyncio.wait_for(receive(their_reader), 10)
-        assert isinstance(first, Records) and [r.model for r in first.records] == [
-            f"m{i}" for i in range(BATCH_RECORDS)
-        ]
-        assert loop.time() - began < BATCH_DELAY * 100  # a loop turn, not the delay (a loaded host: wide bar)
-        shipper.record(records[-1])
-        assert shipper.buffered() == 0  # held for its batch, not written at once
-        second = await asyncio.wait_for(receive(their_reader), 10)
-        assert isinstance(second, Records) and second.records == [records[-1]]
-    finally:
-        writer.close()
-        their_writer.close()
-        reader.feed_eof()
-
-
-# A worker command: it sends one batch (3 finished requests, 2 in flight) and is killed while it
+# A worker command: it sends one report (3 finished requests, 2 in flight) and is killed while it
 # writes the next one: half a frame reaches the supervisor.
-KILLED_MID_BATCH = r"""
-import asyncio, os, random, socket, sys
-sys.path.insert(0, sys.argv[1])
+KILLED_MID_REPORT = r"""
+import asyncio, os, socket, sys
 from proxy.workers.channel import encode, encode_hello, receive
-from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Records, Start
-from tests.fakes import record_for
+from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Report, Start
 
 async def main():
-    first = not os.path.exists(sys.argv[2])
-    open(sys.argv[2], "a").close()
+    first = not os.path.exists(sys.argv[1])
+    open(sys.argv[1], "a").close()
     reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=int(sys.argv[-1])))
     writer.write(encode_hello(Hello(VERSION, SCHEMA, os.getpid())))
     assert isinstance(await receive(reader), Start)
     writer.write(encode(Ready()))
     if first:
-        rnd = random.Random(1)
-        done = [record_for("chat_completions", "m", 200, rnd) for _ in range(3)]
-        busy = {("127.0.0.1", "chat_completions"): 2.0}
-        writer.write(encode(Records(done, busy, 0, {})))
-        cut = encode(Records([record_for("chat_completions", "m", 200, rnd) for _ in range(5)], busy, 0, {}))
+        done = ("127.0.0.1", "chat_completions", "m", "200", "")
+        busy = ("taotrace_in_flight_requests", [(("127.0.0.1", "chat_completions"), 2.0)])
+        writer.write(encode(Report([("taotrace_requests", [(done, 3.0)]), busy])))
+        cut = encode(Report([("taotrace_requests", [(done, 5.0)]), busy]))
         writer.write(cut[: len(cut) // 2])
         await writer.drain()
         await asyncio.sleep(0.3)
@@ -471,10 +371,9 @@ asyncio.run(main())
 
 
 @pytest.mark.e2e
-async def test_a_worker_killed_mid_batch_counts_its_requests_in_flight_as_lost(tmp_path: Path) -> None:
-    settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=1)
-    root = str(Path(__file__).resolve().parent.parent)
-    command = (sys.executable, "-c", KILLED_MID_BATCH, root, str(tmp_path / "first"))
+async def test_a_worker_killed_mid_report_counts_its_requests_in_flight_as_lost(tmp_path: Path) -> None:
+    settings = Settings(upstream="http://127.0.0.1:9", port=0, metrics_port=0, drain_seconds=1.0, workers=2)
+    command = (sys.executable, "-c", KILLED_MID_REPORT, str(tmp_path / "first"))
     async with supervising(settings, worker_command=command) as group:
 
         async def restarted() -> bool:
@@ -487,5 +386,5 @@ async def test_a_worker_killed_mid_batch_counts_its_requests_in_flight_as_lost(t
         for (name, labels), n in samples.items()
         if name == "taotrace_requests_total"
     }
-    # the whole batch counted, the half one never applied, the two in flight lost
+    # the whole report counted, the half one never applied, the two in flight lost
     assert requests == {("", "200"): 3, ("worker_lost", "0"): 2}

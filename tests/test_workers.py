@@ -1,4 +1,5 @@
-"""`--workers N`: worker processes on one port, one supervisor aggregating /metrics.
+"""`--workers N`: worker processes on one port, each exporting its own telemetry, one supervisor
+merging their metrics for /metrics and asking their live views.
 
 The supervisor runs in the test's process (`supervising`), the workers are real processes; the
 forwarding and metrics suites also run against a group (`proxy_workers` in test_forwarding.py,
@@ -8,7 +9,9 @@ test_metrics.py), and the SIGTERM drain test in test_failures.py runs `taotrace 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +29,7 @@ from proxy.server.lifecycle import Shutdown
 from proxy.server.listen import CannotListen
 from proxy.workers.supervisor import Group, instance_id, supervising
 from tests.fakes import FakeUpstream, OTLPSink, chat_stream, stream_handler
+from tests.grouped import records_of
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT (Linux)")
 
@@ -80,38 +84,65 @@ async def slow_upstream() -> AsyncIterator[FakeUpstream]:
     await fake.close()
 
 
-async def test_requests_spread_over_workers_and_metrics_sum(slow_upstream: FakeUpstream) -> None:
-    records: list[object] = []
-    async with supervising(settings(slow_upstream), on_record=records.append) as group:
-        assert group.readiness() == "ready" and len(group.pids()) == 2
-        tasks = [asyncio.ensure_future(stream(group.proxy_url)) for _ in range(12)]
+async def test_at_rest_every_count_is_the_requests_served_to_the_request(slow_upstream: FakeUpstream) -> None:
+    """Three workers, streams of several lengths at once: while they run the in-flight gauge is
+    the sum of the workers'; at rest every count on /metrics is exactly what was served."""
+    lengths = [3, 8, 21, 40] * 6  # 24 streams
+    frames = {n: chat_stream(n) for n in set(lengths)}
 
-        async def all_in_flight() -> bool:  # the gauge is the sum of both workers' counts
+    async def one(n: int) -> bytes | None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            async with s.post(group.proxy_url + "/v1/chat/completions", json={"model": f"m{n}", "stream": True}) as r:
+                return await r.read()
+
+    async def route(request: Any) -> Any:
+        n = int((await request.json())["model"][1:])
+        return await stream_handler(frames[n], gap=0.05)(request)
+
+    slow_upstream.handler = route
+    async with supervising(settings(slow_upstream, workers=3)) as group:
+        assert group.readiness() == "ready" and len(group.pids()) == 3
+        tasks = [asyncio.ensure_future(one(n)) for n in lengths]
+
+        async def all_in_flight() -> bool:  # the gauge is the sum of the workers' counts
             return (await scrape(group)).get(
                 ("taotrace_in_flight_requests", (("api", "chat_completions"), ("upstream", "127.0.0.1")))
-            ) == 12
+            ) == len(lengths)
 
         await eventually(all_in_flight)
-        assert all(w.in_flight.get(("127.0.0.1", "chat_completions")) for w in group.workers), (
-            "one worker got every connection"
-        )
+        assert sum(1 for w in group.workers if w.in_flight) >= 2, "one worker got every connection"
         bodies = await asyncio.gather(*tasks)
-        assert all(b == b"".join(SLOW) for b in bodies)
+        assert bodies == [b"".join(frames[n]) for n in lengths]
 
-        async def all_recorded() -> bool:
-            return len(records) == 12
+        async def at_rest() -> bool:
+            return (await scrape(group)).get(("taotrace_requests_total", _ok("m40"))) == 6
 
-        await eventually(all_recorded)
+        await eventually(at_rest)
         samples = await scrape(group)
-        key = (("api", "chat_completions"), ("error_type", ""), ("model", "m"), ("status_code", "200"), UP)
-        assert samples[("taotrace_requests_total", key)] == 12
-        labels = (("api", "chat_completions"), ("model", "m"), UP)
-        assert samples[("taotrace_time_to_first_token_seconds_count", labels)] == 12
-        assert samples[("taotrace_inter_token_latency_seconds_count", labels)] == 12 * 39
-        if sys.platform.startswith("linux"):  # TCP_INFO rides along in the records workers ship
-            assert samples[("taotrace_upstream_rtt_seconds_count", labels)] == 12
-        assert samples[("taotrace_in_flight_requests", (("api", "chat_completions"), ("upstream", "127.0.0.1")))] == 0
-        assert samples[("taotrace_worker_restarts_total", ())] == 0
+        await asyncio.sleep(0.6)  # more report periods: nothing is added twice
+        assert await scrape(group) == samples
+    for n in set(lengths):
+        labels = (("api", "chat_completions"), ("model", f"m{n}"), UP)
+        assert samples[("taotrace_requests_total", _ok(f"m{n}"))] == 6
+        for family in ("request_duration", "time_to_first_token", "time_per_output_token"):
+            assert samples[(f"taotrace_{family}_seconds_count", labels)] == 6, family
+        assert samples[("taotrace_inter_token_latency_seconds_count", labels)] == 6 * (n - 1)
+        assert samples[
+            ("taotrace_inter_token_latency_seconds_bucket", tuple(sorted((*labels, ("le", "+Inf")))))
+        ] == 6 * (n - 1)
+        for phase in ("network", "prefill_wait", "decode"):
+            assert samples[("taotrace_phase_duration_seconds_count", (*labels[:2], ("phase", phase), UP))] == 6
+        assert samples[("taotrace_tokens_total", (*labels[:2], ("type", "output"), UP))] == 6 * n
+        if sys.platform.startswith("linux"):  # TCP_INFO, read in the worker
+            assert samples[("taotrace_upstream_rtt_seconds_count", labels)] == 6
+    assert samples[("taotrace_in_flight_requests", (("api", "chat_completions"), ("upstream", "127.0.0.1")))] == 0
+    assert samples[("taotrace_worker_restarts_total", ())] == 0
+    relays = sum(v for (name, _), v in samples.items() if name == "taotrace_proxy_overhead_seconds_count")
+    assert relays >= len(lengths) + sum(lengths)  # a request stage each, a relay per upstream read at least
+
+
+def _ok(model: str) -> tuple[tuple[str, str], ...]:
+    return (("api", "chat_completions"), ("error_type", ""), ("model", model), ("status_code", "200"), UP)
 
 
 async def test_kill_9_cuts_only_that_workers_streams_counts_them_lost_and_it_is_restarted(
@@ -155,26 +186,41 @@ async def test_kill_9_cuts_only_that_workers_streams_counts_them_lost_and_it_is_
         assert samples[("taotrace_requests_total", lost)] == on_victim == len(cut)
         assert await stream(group.proxy_url) == b"".join(SLOW)  # the group serves again
 
+        async def counted() -> bool:
+            return (await scrape(group)).get(("taotrace_requests_total", _ok("m"))) == len(whole) + 1
 
-@pytest.mark.parametrize("overrides", [{"workers": 2}, {"workers": 1, "telemetry_process": True}])
-async def test_spans_leave_from_the_supervisor_under_each_workers_instance_id(
-    slow_upstream: FakeUpstream, overrides: dict[str, Any]
+        await eventually(counted)  # what the dead worker served before is not counted again by its successor
+        after = await scrape(group)
+        assert after[("taotrace_requests_total", lost)] == on_victim
+        labels = (("api", "chat_completions"), ("model", "m"), UP)
+        assert after[("taotrace_time_to_first_token_seconds_count", labels)] == len(whole) + 1
+
+
+async def test_each_worker_exports_its_spans_under_its_instance_id_and_exemplars_point_at_them(
+    slow_upstream: FakeUpstream,
 ) -> None:
-    """Workers start the spans (the ids sent upstream), the supervisor finishes and exports them."""
+    """Each worker starts, ends and exports its requests' spans itself (the ids it sent upstream),
+    under the group's resource with its own `service.instance.id`; the exemplars on the group's
+    /metrics name traces the workers exported."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     slow_upstream.handler = stream_handler(chat_stream(3))
     sink = await OTLPSink().start()
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
     try:
-        async with supervising(settings(slow_upstream, **overrides), env=env) as group:
+        async with supervising(settings(slow_upstream), env=env) as group:
             await asyncio.gather(*(stream(group.proxy_url) for _ in range(20)))
+            ours = {w.instance for w in group.workers}
 
             async def spans_in() -> bool:
                 await asyncio.sleep(0)
                 return len(sink.spans()) >= 20 * 4
 
             await eventually(spans_in)
+            async with aiohttp.ClientSession() as s:
+                headers = {"Accept": "application/openmetrics-text"}
+                async with s.get(group.metrics_url + "/metrics", headers=headers) as r:
+                    page = await r.text()
         instances = set()
         spans: dict[str, list[Any]] = {}
         for payload in sink.payloads:
@@ -187,7 +233,7 @@ async def test_spans_leave_from_the_supervisor_under_each_workers_instance_id(
                 for ss in rs.scope_spans:
                     for span in ss.spans:
                         spans.setdefault(span.trace_id.hex(), []).append(span)
-        assert len(instances) == overrides["workers"], instances
+        assert instances == ours and len(ours) == 2, (instances, ours)  # both served, each under its own id
         sent = {seen.headers["traceparent"].split("-")[1]: seen.headers["traceparent"].split("-")[2]
                 for seen in slow_upstream.seen}  # fmt: skip
         assert set(spans) == set(sent) and len(sent) == 20
@@ -200,8 +246,43 @@ async def test_spans_leave_from_the_supervisor_under_each_workers_instance_id(
             assert [s.name for s in children] == ["network", "prefill_wait", "decode"]
             assert children[0].start_time_unix_nano == root.start_time_unix_nano  # one clock for the whole trace
             assert children[-1].end_time_unix_nano <= root.end_time_unix_nano
+        exemplars = set(re.findall(r'# \{trace_id="([0-9a-f]{32})"\}', page))
+        assert exemplars and exemplars <= set(spans), exemplars - set(spans)
     finally:
         await sink.close()
+
+
+async def test_the_live_view_of_a_group_shows_every_workers_requests_once(slow_upstream: FakeUpstream) -> None:
+    """Rows from both workers, newest first, each once across incremental polls; details by id
+    (an untraced request's too); the 15-minute percentiles read from the workers' merged
+    histograms: with few requests, exactly the requests' own values."""
+    slow_upstream.handler = stream_handler(chat_stream(4), gap=0.02)
+    async with supervising(settings(slow_upstream, sample_ratio=0.5)) as group:
+        async with aiohttp.ClientSession() as s:
+            first = await asyncio.gather(*(stream(group.proxy_url) for _ in range(10)))
+            async with s.get(group.metrics_url + "/api/requests") as r:
+                body = await r.json()
+            assert all(b == b"".join(chat_stream(4)) for b in first)
+            assert len(body["requests"]) == body["size"] == 10
+            cursor = body["last_seq"]
+            await asyncio.gather(*(stream(group.proxy_url) for _ in range(6)))
+            async with s.get(group.metrics_url + "/api/requests", params={"since": str(cursor)}) as r:
+                newer = await r.json()
+            assert len(newer["requests"]) == 6 and newer["size"] == 16  # only the new ones, each once
+            async with s.get(group.metrics_url + "/api/requests", params={"since": str(newer["last_seq"])}) as r:
+                assert (await r.json())["requests"] == []
+            records = await records_of(group.metrics_url, s)  # every row's detail, by its id
+            ids = [r["id"] for r in body["requests"] + newer["requests"]]
+            assert len(set(ids)) == 16
+            assert any(i.startswith("w") for i in ids)  # an untraced request: its worker's index in its id
+            async with s.get(group.metrics_url + "/api/summary") as r:
+                summary = await r.json()
+    assert len(records) == 16 and len({r.timing.ttft for r in records}) == 16
+    assert {rec.trace_id for rec in records if rec.trace_id} == {i for i in ids if not i.startswith("w")}
+    assert summary["requests"] == 16 and summary["models"]["m"]["requests"] == 16
+    ttfts = sorted(rec.timing.ttft for rec in records if rec.timing.ttft is not None)
+    for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):  # nearest rank over all 16
+        assert summary["models"]["m"]["ttft"][key] == ttfts[max(0, math.ceil(q * 16) - 1)], key
 
 
 async def test_access_log_lines_come_from_the_workers_as_from_one_process(
@@ -244,14 +325,11 @@ async def test_a_worker_that_sends_what_cannot_be_read_is_restarted(
 async def test_each_worker_keeps_a_given_instance_id_apart(
     slow_upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The resource a worker's spans leave under: the group's attributes, its own instance id."""
+    """The instance id a worker's spans and OTLP metrics leave under: the group's, with its index."""
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.instance.id=pod-a")
     async with supervising(settings(slow_upstream), env=os.environ) as group:
-        resources = [dict(w.resource.attributes) for w in group.workers if w.resource is not None]
-    assert [(r["deployment.environment"], r["service.instance.id"]) for r in resources] == [
-        ("prod", "pod-a-0"),
-        ("prod", "pod-a-1"),
-    ]
+        instances = [w.instance for w in group.workers]
+    assert instances == ["pod-a-0", "pod-a-1"]
     generated = {instance_id(i, {}) for i in range(2)}
     assert len(generated) == 2 and all(str(uuid.UUID(g)) == g for g in generated)
 
@@ -361,3 +439,11 @@ async def main(workers):
 
 asyncio.run(main(sys.argv[1]))
 """
+
+
+def test_telemetry_process_is_retired_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from proxy.cli import main
+
+    assert main(["serve", "--telemetry-process"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("taotrace serve: error: argument --telemetry-process: retired:"), err

@@ -187,8 +187,8 @@ class Settings(BaseSettings):
     )
     telemetry_process: bool = Field(
         False,
-        description="build and export spans and OTLP metrics, and serve /metrics and the live view, in a "
-        "separate process, so the serving loop only relays and times (always so with --workers above 1; Linux)",
+        description="retired, refused: every serving process exports its own spans and OTLP metrics, so a "
+        "second process had nothing left to take off the serving loop (use --workers N, or one process)",
     )
 
     attribute_header: Annotated[list[str], NoDecode] = Field(
@@ -290,6 +290,16 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_routes(cls, value: list[str]) -> list[str]:
         routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
+        return value
+
+    @field_validator("telemetry_process")
+    @classmethod
+    def _retired(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "retired: every serving process now exports its own spans and OTLP metrics, so a separate "
+                "telemetry process has nothing left to take off the serving loop; run one process, or --workers N"
+            )
         return value
 
     @field_validator("capture_io_values")

@@ -1,12 +1,12 @@
 """The consumers of finished requests, behind one guard. Every record goes to each observer
-(metrics, spans, the live view, the access log, the OTLP GenAI metrics, a worker's shipper, …) in
+(metrics, spans, the live view, the access log, the OTLP GenAI metrics, …) in
 turn, as `logging.Logger.callHandlers` runs each handler: an observer that raises is logged
 (rate-limited, with its stack) and counted in `taotrace_sink_errors_total{sink}`, and the ones
 after it still run. Telemetry never breaks, slows or stalls a request, nor one observer another;
 the exchange knows none of them by name.
 
 An observer's name is its label value: a fixed word per kind (`metrics`, `spans`, `live_view`,
-`access_log`, `genai_metrics`, `workers_ship`, …), so the label stays bounded.
+`access_log`, `genai_metrics`, …), so the label stays bounded.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from opentelemetry.trace import Link, SpanContext
+
 from proxy.dialects import StreamReader, Usage
 from proxy.errors import ErrorType
 from proxy.exchange.timing import RequestTiming
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from proxy.accounting.ratelimits import RateLimits
 
 __all__ = [
-    "UNKNOWN_MODEL", "RequestRecord", "SpanContextValues", "SpanStart", "Traced", "UsageSource", "model_label", "usage_of",
+    "UNKNOWN_MODEL", "RequestRecord", "SpanStart", "Traced", "UsageSource", "model_label", "usage_of",
 ]  # fmt: skip
 
 UsageSource = Literal["reported", "counted", "none"]
@@ -37,29 +39,21 @@ def model_label(model: str | None) -> str:
     return model or UNKNOWN_MODEL
 
 
-# A span context in plain values: trace id, span id, flags, remote, trace state
-SpanContextValues = tuple[int, int, int, bool, tuple[tuple[str, str], ...]]
-
-
 # Not frozen: one is made per traced request on the serving loop, where a frozen dataclass's
 # __init__ (one object.__setattr__ per field) costs several times a plain one's. Nothing mutates it.
 @dataclass(slots=True, kw_only=True)
 class SpanStart:
-    """The request's root span as it was started, in plain values: the span observer (in this
-    process, or in a group's supervisor) ends it with these ids and attributes."""
+    """The request's root span as it was started: the span observer ends it with this context,
+    parent, links and start time, and these attributes."""
 
     name: str
-    trace_id: int
-    span_id: int
-    trace_flags: int
-    trace_state: tuple[tuple[str, str], ...]
-    parent: SpanContextValues | None  # the client's: ids, flags, remote, state
+    context: SpanContext
+    parent: SpanContext | None  # the client's, when it sent a traceparent
     start: int  # epoch ns
     attributes: dict[str, Any]  # as set at start (request attributes, parameters, input if captured)
     output: str | None = None  # the output text, only with --capture-content
     output_value: str | None = None  # the answer's plain text (output.value), only with --capture-io-values
-    offset: int = 0  # epoch ns minus monotonic ns in that process: its timing's times, as span times
-    links: tuple[SpanContextValues, ...] = ()  # `--parent link`: the caller's span
+    links: tuple[Link, ...] = ()  # `--parent link`: the caller's span; a --mirror copy's: the request it copies
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from proxy.exchange.series import Binned
-
 __all__ = ["PhaseClock", "RequestTiming"]
 
 
@@ -34,9 +32,7 @@ class RequestTiming:
     prefill_wait: float | None
     decode: float | None
     tpot: float | None
-    # The per-token series: one float per gap, or with `--workers`, as the supervisor receives a
-    # long one, counted into its histogram's buckets (`proxy/exchange/series.py`).
-    itl: tuple[float, ...] | Binned
+    itl: tuple[float, ...]  # the gaps between consecutive token events
     token_events: int
     sent: float | None  # t_sent, t_first, t_last on the monotonic clock, for spans
     first_token: float | None
@@ -46,10 +42,10 @@ class RequestTiming:
     dns: float | None = None
     connect: float | None = None  # TCP connect plus TLS handshake, timed as one step
     ttfc: float | None = None  # first chunk (any streamed item), which may precede the first token
-    chunk_gaps: tuple[float, ...] | Binned = ()  # between consecutive chunks (the spec's time per output chunk)
+    chunk_gaps: tuple[float, ...] = ()  # between consecutive chunks (the spec's time per output chunk)
     # The proxy's own time: head arrival -> request written upstream, minus pool wait, DNS and connect
     overhead_request: float | None = None
-    relay: tuple[float, ...] | Binned = ()  # per upstream read: handed to us -> written to the client socket
+    relay: tuple[float, ...] = ()  # per upstream read: handed to us -> written to the client socket
     time_to_last_byte: float | None = None  # the last body bytes written to the client: where a cut stream broke
 
 

@@ -1,28 +1,31 @@
-"""The reporting side of a start, built once: one process's, or a group's supervisor's.
+"""The reporting side of a serving process, built once: one process's, or a group's worker's.
 
     Reporting(config)
       metrics      the `taotrace_*` families on their registry
-      spans        started here (one process) or in the workers, ended from each record here
+      spans        started and ended here, exported by this process
       observers    fed every finished record: the caller's, the OTLP GenAI metrics, the live view
-      start(...)   the metrics port: /metrics /healthz /readyz and the live view
+      start(...)   the metrics port: /metrics /healthz /readyz and the live view (none in a worker,
+                   whose supervisor serves the group's: `MetricsPort`)
       close(hurried)  the metrics port stops, queued GenAI metrics are recorded, spans and OTLP
                       metrics flush (both at once, each bounded; `hurried`: a second signal came)
 
-One process and a group differ only in what the metrics port asks about (`start`): readiness,
-the number of requests in flight, and what they are. Providers and a registry passed in belong
-to the caller and are not shut down.
+A worker's spans and OTLP metrics leave under the group's resource with its own
+`service.instance.id` (`instance`). Providers and a registry passed in belong to the caller and
+are not shut down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 
 from aiohttp import web
+from opentelemetry.sdk.resources import Resource as SdkResource
 from prometheus_client import CollectorRegistry
 
 from proxy.config.accounting import label_name
@@ -38,14 +41,15 @@ from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics, ModelLabels
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
+from proxy.telemetry.spandata import Resource
 from proxy.telemetry.spans import Spans
 from proxy.telemetry.tracing import Tracing, build_tracing, shutdown_tracing
 from proxy.ui import LiveView
-from proxy.ui.live import Active
+from proxy.ui.live import Active, LiveSource
 
 __all__ = [
-    "HURRIED_SHUTDOWN_SECONDS", "TRACE_SHUTDOWN_SECONDS", "Reporting", "genai_metrics_for", "metrics_for",
-    "spans_for",
+    "HURRIED_SHUTDOWN_SECONDS", "TRACE_SHUTDOWN_SECONDS", "MetricsPort", "Reporting", "genai_metrics_for",
+    "metrics_for", "spans_for",
 ]  # fmt: skip
 
 log = logging.getLogger("taotrace")
@@ -67,10 +71,10 @@ def metrics_for(config: Config, registry: CollectorRegistry | None) -> Metrics:
     )
 
 
-def spans_for(config: Config, tracing: Tracing, *, ship: bool = False, env: Mapping[str, str] | None = None) -> Spans:
-    """The spans this configuration asks for: started in the serving process, ended where
-    `tracing` exports them (here, or from what a worker ships: `ship`). `env`: where
-    `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the process environment)."""
+def spans_for(config: Config, tracing: Tracing, *, env: Mapping[str, str] | None = None) -> Spans:
+    """The spans this configuration asks for, started and ended in the serving process and
+    exported by `tracing`. `env`: where `OTEL_SEMCONV_STABILITY_OPT_IN` is read (default the
+    process environment)."""
     settings, root = config.settings, config.root
     return Spans(
         tracing,
@@ -85,7 +89,6 @@ def spans_for(config: Config, tracing: Tracing, *, ship: bool = False, env: Mapp
             ttft_over=config.slow_ttft,
             duration_over=config.slow_duration,
         ),
-        ship=ship,
         parent=settings.parent,
         conventions=Conventions.from_env(os.environ if env is None else env),
     )
@@ -96,10 +99,9 @@ def genai_metrics_for(
     meters: MetricPipeline,
     models: ModelLabels,
     env: Mapping[str, str] | None = None,
-    serving: bool = True,
 ) -> GenAIMetrics:
     """The OTLP GenAI metrics observer; `server.*` per route; the convention names
-    `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for; `serving`: as `Reporting`'s."""
+    `OTEL_SEMCONV_STABILITY_OPT_IN` in `env` asks for."""
     root = config.root
     return GenAIMetrics(
         meters,
@@ -108,8 +110,42 @@ def genai_metrics_for(
         models=models,
         upstreams={r.name: (r.host, r.port) for r in config.routes},
         conventions=Conventions.from_env(os.environ if env is None else env),
-        yield_gil=serving,
     )
+
+
+class MetricsPort:
+    """/metrics, /healthz, /readyz and the live view, on sockets already bound."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.addresses: tuple[str, ...] = ()  # what it is bound to (is the live view exposed?)
+        self._runner: web.AppRunner | None = None
+
+    async def start(
+        self,
+        socks: Sequence[socket.socket],
+        config: Config,
+        pages: Callable[[bool], Iterable[bytes]],
+        readiness: Callable[[], str],
+        live: LiveSource | None,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Serve `pages` (after `refresh`, when given: a group asks its workers first), `readiness`
+        for /readyz, and `live` for the live view."""
+        settings = config.settings
+        token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
+        app = create_metrics_app(pages, readiness, live, ui_token=token, proxy_port=settings.port, refresh=refresh)
+        self._runner = GuardedAppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        for sock in socks:
+            await web.SockSite(self._runner, sock).start()
+        if socks:
+            self.url = http_url(*self._runner.addresses[0][:2])
+        self.addresses = tuple(str(address[0]) for address in self._runner.addresses)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 class Reporting:
@@ -124,38 +160,53 @@ class Reporting:
         meter_provider: MetricPipeline | None = None,
         tracing: Tracing | None = None,
         env: Mapping[str, str] = os.environ,
-        serving: bool = True,
+        instance: str | None = None,
     ) -> None:
         """`tracing` / `meter_provider`: where spans and OTLP metrics go; by default
         built from `env`'s `OTEL_*` (OTLP metrics: none unless `OTEL_METRICS_EXPORTER` asks).
-        `serving`: this process's loop relays streams, so the telemetry threads give it the GIL
-        every few spans or requests; False in a group's supervisor, whose loop only takes records."""
+        `instance`: this process's `service.instance.id` (a group's worker), on the resource of
+        the spans and OTLP metrics built here."""
+        self.config = config
         settings = self.settings = config.settings
         self.registry = CollectorRegistry() if registry is None else registry
         self.metrics = metrics_for(config, self.registry)
         self._own_tracing = tracing is None
-        self.tracing = (
-            build_tracing(env, on_drop=self.metrics.span_dropped, serving=serving) if tracing is None else tracing
-        )
+        self.tracing = build_tracing(env, on_drop=self.metrics.span_dropped) if tracing is None else tracing
         self._own_meters = meter_provider is None
         self.meters = build_meter_provider(env) if meter_provider is None else meter_provider
+        if instance is not None:
+            own = {"service.instance.id": instance}
+            resource = self.tracing.resource
+            self.tracing = dataclasses.replace(
+                self.tracing, resource=Resource({**resource.attributes, **own}, resource.schema_url)
+            )
+            if self._own_meters and self.meters is not None:  # before its first export, an interval away
+                self.meters.resource = self.meters.resource.merge(SdkResource(own))
         self.spans = spans_for(config, self.tracing, env=env)
         self._env = env
         # Named: a sink that fails is counted under its name in taotrace_sink_errors_total{sink}.
         observers: list[Named[RequestRecord]] = [] if on_record is None else [Named("on_record", on_record)]
         self.genai: GenAIMetrics | None = None
         if self.meters is not None:
-            self.genai = genai_metrics_for(config, self.meters, self.metrics.models, env, serving)
+            self.genai = genai_metrics_for(config, self.meters, self.metrics.models, env)
             observers.append(Named("genai_metrics", self.genai))
         self.live: LiveView | None = None
         if settings.ui:
-            self.live = LiveView(settings.ui_requests, capture_content=settings.capture_content)
+            self.live = LiveView(
+                settings.ui_requests, capture_content=settings.capture_content, trace_url=settings.trace_url
+            )
             observers.append(Named("live_view", self.live.observe))
         self.observers: tuple[Named[RequestRecord], ...] = tuple(observers)
-        self.metrics_url = ""
-        self.metrics_addresses: tuple[str, ...] = ()  # what the metrics port is bound to (is the live view exposed?)
-        self._runner: web.AppRunner | None = None
+        self.port = MetricsPort()
         self._exit = AsyncExitStack()
+
+    @property
+    def metrics_url(self) -> str:
+        return self.port.url
+
+    @property
+    def metrics_addresses(self) -> tuple[str, ...]:
+        return self.port.addresses
 
     async def start(
         self,
@@ -165,35 +216,20 @@ class Reporting:
         in_flight: Callable[[], int],
         active: Active,
     ) -> None:
-        """Serve the metrics port on `socks` (already bound): `readiness` for /readyz, and for the
-        live view the number of requests in flight and what they are."""
+        """Serve the metrics port on `socks` (already bound; none in a group's worker): `readiness`
+        for /readyz, and for the live view the number of requests in flight and what they are."""
         if self.live is not None:
             self.live.in_flight, self.live.active = in_flight, active
-        token = self.settings.ui_token.get_secret_value() if self.settings.ui_token is not None else None
-        app = create_metrics_app(
-            self.metrics.registry.pages,
-            readiness,
-            self.live,
-            ui_token=token,
-            trace_url=self.settings.trace_url,
-            proxy_port=self.settings.port,
-        )
-        self._runner = GuardedAppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
         # The exporters' own warnings become rate-limited lines of ours, until the last flush at exit.
         exporting = self._own_tracing or self._own_meters
         await self._exit.enter_async_context(collector_warnings(self._env if exporting else {}, log))
-        for sock in socks:
-            await web.SockSite(self._runner, sock).start()
         if socks:
-            self.metrics_url = http_url(*self._runner.addresses[0][:2])
-        self.metrics_addresses = tuple(str(address[0]) for address in self._runner.addresses)
+            await self.port.start(socks, self.config, self.metrics.registry.pages, readiness, self.live)
 
     async def close(self, hurried: bool) -> None:
         """Stop the metrics port, then flush: within ~2 s with a dead collector, 0.5 s `hurried`."""
         try:
-            if self._runner is not None:
-                await self._runner.cleanup()
+            await self.port.close()
             wait = HURRIED_SHUTDOWN_SECONDS if hurried else TRACE_SHUTDOWN_SECONDS
             if self.genai is not None:
                 await asyncio.to_thread(self.genai.stop, wait)  # what is queued gets recorded

@@ -32,7 +32,8 @@ from proxy.logs.ratelimited import RateLimitedLog, flushing
 from proxy.logs.upstream_failures import UpstreamFailures
 from proxy.server.hints import DoubledPrefix
 from proxy.telemetry.exposition import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, wants_openmetrics
-from proxy.ui import LiveView, add_ui_routes
+from proxy.ui import add_ui_routes
+from proxy.ui.live import LiveSource
 from proxy.upstream import UpstreamPool
 
 __all__ = [
@@ -212,8 +213,16 @@ RENDER_SLICE_SECONDS = 0.0002
 WRITE_PIECE_BYTES = 256 * 1024  # what one write hands the socket: a page of 13 MB is ~50 writes
 
 
-async def render_page(pages: Pages, openmetrics: bool, clock: Callable[[], float] = time.perf_counter) -> list[bytes]:
-    """Every piece of the page, yielding to the loop every `RENDER_SLICE_SECONDS` of rendering."""
+async def render_page(
+    pages: Pages,
+    openmetrics: bool,
+    clock: Callable[[], float] = time.perf_counter,
+    refresh: Callable[[], Awaitable[None]] | None = None,
+) -> list[bytes]:
+    """Every piece of the page (after `refresh`), yielding to the loop every
+    `RENDER_SLICE_SECONDS` of rendering."""
+    if refresh is not None:
+        await refresh()
     out: list[bytes] = []
     deadline = clock() + RENDER_SLICE_SECONDS
     for piece in pages(openmetrics):
@@ -227,17 +236,18 @@ async def render_page(pages: Pages, openmetrics: bool, clock: Callable[[], float
 def create_metrics_app(
     pages: Pages,
     readiness: Callable[[], str],
-    live: LiveView | None = None,
+    live: LiveSource | None = None,
     *,
     ui_token: str | None = None,
-    trace_url: str = "",
     proxy_port: int = 0,
+    refresh: Callable[[], Awaitable[None]] | None = None,
 ) -> web.Application:
     """`/metrics` (text, or OpenMetrics with exemplars by `Accept`), `/healthz`, `/readyz`, and
     the live view when one is given (`proxy/ui/`). Any other path gets a JSON 404 saying this is
     not the proxy's port (`proxy_port`, when known): an SDK given this port by mistake says so.
 
-    `readiness()` says "ready" (200) or why not, e.g. "draining" (503).
+    `readiness()` says "ready" (200) or why not, e.g. "draining" (503). `refresh`, when given, is
+    awaited before each render (a group's supervisor asks its workers for their latest counts).
     """
 
     rendering: dict[bool, asyncio.Future[list[bytes]]] = {}  # format -> the render in progress
@@ -251,7 +261,7 @@ def create_metrics_app(
         # Scrapes that arrive while one renders share its result: ten scrapers cost one render.
         pending = rendering.get(openmetrics)
         if pending is None:
-            pending = rendering[openmetrics] = asyncio.ensure_future(render_page(pages, openmetrics))
+            pending = rendering[openmetrics] = asyncio.ensure_future(render_page(pages, openmetrics, refresh=refresh))
             pending.add_done_callback(lambda fut: _done(openmetrics, fut))
         pieces = await asyncio.shield(pending)  # one scraper giving up must not cancel the others' render
         ctype = OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
@@ -301,5 +311,5 @@ def create_metrics_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if live is not None:
-        add_ui_routes(app, live, token=ui_token, trace_url=trace_url)
+        add_ui_routes(app, live, token=ui_token)
     return app

@@ -116,9 +116,7 @@ def bind(
     listens on, even one of another process sharing it with SO_REUSEPORT (two groups on one
     port would silently split the traffic)."""
     if reuse_port and (not hasattr(socket, "SO_REUSEPORT") or sys.platform != "linux"):
-        raise OSError(
-            "--workers > 1 and --telemetry-process need SO_REUSEPORT (Linux); run one process per replica instead"
-        )
+        raise OSError("--workers > 1 needs SO_REUSEPORT (Linux); run one process per replica instead")
     socks: list[socket.socket] = []
     try:
         addresses = _addresses(host, port)

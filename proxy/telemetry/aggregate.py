@@ -25,7 +25,7 @@ import math
 import sys
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -41,8 +41,6 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-
-from proxy.exchange.series import Binned, bucket_pairs
 
 __all__ = [
     "CARDINALITY_LIMIT",
@@ -112,6 +110,25 @@ class _SumState:
         self.attributes = attributes
         self.value: int | float = 0
         self.start_ns = start_ns
+
+
+def _bucket_pairs(ordered: Sequence[float], bounds: tuple[float, ...]) -> list[int]:
+    """(bucket index, count) pairs, flattened, for the buckets of `bounds` that sorted, NaN-free
+    `ordered` fills (bisect_left's rule): values <= bounds[i] minus those <= bounds[i-1], one
+    bisect per bucket rather than one per value."""
+    pairs: list[int] = []
+    below = 0
+    n = len(ordered)
+    for i, edge in enumerate(bounds):
+        upto = bisect_right(ordered, edge, below)
+        if upto > below:
+            pairs += (i, upto - below)
+            below = upto
+            if below == n:
+                return pairs
+    if below < n:
+        pairs += (len(bounds), n - below)
+    return pairs
 
 
 def _acceptable(values: Sequence[float]) -> Sequence[float]:
@@ -202,19 +219,16 @@ class HistogramInstrument(_Instrument):
             if value > state.high:
                 state.high = value
 
-    def record_many(self, values: Sequence[float] | Binned, attributes: Attributes) -> None:
+    def record_many(self, values: Sequence[float], attributes: Attributes) -> None:
         """Each of `values` recorded with `attributes`: one lookup and one lock for all of them."""
         self._record_many(values, frozenset(attributes.items()), attributes)
 
-    def record_many_set(self, values: Sequence[float] | Binned, attributes: AttributeSet) -> None:
+    def record_many_set(self, values: Sequence[float], attributes: AttributeSet) -> None:
         """`record_many` with the set's key made once."""
         self._record_many(values, attributes.key, attributes.attributes)
 
-    def _record_many(self, values: Sequence[float] | Binned, key: _Key, attributes: Attributes) -> None:
+    def _record_many(self, values: Sequence[float], key: _Key, attributes: Attributes) -> None:
         if not values:
-            return
-        if isinstance(values, Binned):
-            self._add_binned(values, key, attributes)
             return
         taken = values
         ordered = sorted(values)
@@ -233,7 +247,7 @@ class HistogramInstrument(_Instrument):
                 for v in ordered:
                     counts[bisect_left(bounds, v)] += 1
             else:
-                it = iter(bucket_pairs(ordered, bounds))
+                it = iter(_bucket_pairs(ordered, bounds))
                 for i, n in zip(it, it, strict=True):
                     counts[i] += n
             # Added in the given order, one at a time (in C), as one-by-one recording would: the same float sum.
@@ -243,24 +257,6 @@ class HistogramInstrument(_Instrument):
                 state.low = ordered[0]
             if ordered[-1] > state.high:
                 state.high = ordered[-1]
-
-    def _add_binned(self, binned: Binned, key: _Key, attributes: Attributes) -> None:
-        """A worker's series, counted there (only finite values >= 0 are binned: none to reject).
-        Its sum is added as one number, where one process adds value by value: the total may
-        differ from that in the last digits."""
-        if binned.edges != self.bounds:
-            raise ValueError(f"{self.name}: a series binned for other buckets")
-        with self._lock:
-            state = self._state(key, attributes)
-            counts = state.counts
-            for i, n in binned.pairs():
-                counts[i] += n
-            state.total += binned.sum
-            state.count += binned.count
-            if binned.low < state.low:
-                state.low = binned.low
-            if binned.high > state.high:
-                state.high = binned.high
 
     def collect(self) -> Metric | None:
         """The points since the start (cumulative) or the previous collection (delta); None when there are none."""

@@ -29,8 +29,6 @@ from prometheus_client import utils
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Exemplar
 
-from proxy.exchange.series import Binned
-
 __all__ = [
     "Counter",
     "Gauge",
@@ -250,9 +248,22 @@ class Counter(_ValueFamily):
 
 
 class Gauge(_ValueFamily):
-    """`.labels(...).inc()`, `.dec()`, `.set(v)`."""
+    """`.labels(...).inc()`, `.dec()`, `.set(v)`. `summed`: across the processes of a group the
+    value is the sum of each one's (requests in flight), not the last one set (a rate limit seen)."""
 
     kind = "gauge"
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        registry: Registry | None = None,
+        summed: bool = False,
+    ) -> None:
+        self.summed = summed
+        super().__init__(name, documentation, labelnames, registry=registry)
 
 
 class _Buckets:
@@ -315,25 +326,21 @@ class _Buckets:
             if new:  # after the exemplar is in: a render in another thread reads positions first
                 self.positions = tuple(sorted(exemplars))
 
-    def _exemplar(self, i: int, value: float, exemplar: dict[str, str]) -> None:
+    def _exemplar(self, i: int, value: float, exemplar: dict[str, str], ts: float | None = None) -> None:
         new = i not in self.exemplars
-        self.exemplars[i] = (exemplar["trace_id"], value, time.time())
+        self.exemplars[i] = (exemplar["trace_id"], value, time.time() if ts is None else ts)
         self.rendered.pop(i, None)
         if new:  # after the exemplar is in: a render in another thread reads positions first
             self.positions = tuple(sorted(self.exemplars))
 
-    def observe_many(self, values: Sequence[float] | Binned, exemplar: dict[str, str] | None = None) -> None:
+    def observe_many(self, values: Sequence[float], exemplar: dict[str, str] | None = None) -> None:
         """`observe(v)` for each value, one pass per bucket touched; `exemplar` goes with the
-        largest value (a stream's slowest gap is the one worth opening as a trace). A `Binned`
-        series (a worker's) adds its counts.
+        largest value (a stream's slowest gap is the one worth opening as a trace).
 
         Sorted (in C), the values of one bucket are a run: two bisects count it, so a stream's
         gaps, which fall in a few buckets, cost a sort rather than a Python step per value.
         """
         if not values:
-            return
-        if isinstance(values, Binned):
-            self._add_binned(values, exemplar)
             return
         bounds, counts = self.bounds, self.counts
         ordered = sorted(values)
@@ -350,18 +357,21 @@ class _Buckets:
             largest = ordered[-1]
             self._exemplar(bisect_left(bounds, largest), largest, exemplar)
 
-    def _add_binned(self, binned: Binned, exemplar: dict[str, str] | None) -> None:
-        bounds, counts = self.bounds, self.counts
-        if binned.edges != bounds[:-1]:  # +Inf is ours only
-            raise ValueError(f"{self.name}: a series binned for other buckets")
-        for i, n in binned.pairs():
+    def add(self, pairs: Sequence[int], added: float, exemplars: Sequence[tuple[int, str, float, float]]) -> None:
+        """Another process's observations of this child (`proxy/workers/deltas.py`): `pairs`
+        (bucket, count) flattened, their sum, and the exemplars it set, each (bucket, trace id,
+        value, time); an exemplar replaces this bucket's unless this one is newer."""
+        counts = self.counts
+        it = iter(pairs)
+        for i, n in zip(it, it, strict=True):
             counts[i] += n
-        self.sum += binned.sum
+        self.sum += added
+        for i, trace_id, value, ts in exemplars:
+            held = self.exemplars.get(i)
+            if held is None or held[2] <= ts:
+                self._exemplar(i, value, {"trace_id": trace_id}, ts)
         self.version += 1
         self.group.version += 1
-        if exemplar is not None:
-            largest = binned.high
-            self._exemplar(bisect_left(bounds, largest), largest, exemplar)
 
     def render(self, openmetrics: bool) -> bytes:
         version = self.version  # read first: an observation during the render makes the cache stale

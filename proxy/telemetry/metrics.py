@@ -213,8 +213,7 @@ class _Mirror:
 
 
 class Recorder(Protocol):
-    """What the forwarder records to: `Metrics` in one process, a shipper to the supervisor in a
-    worker (proxy/workers/)."""
+    """What the forwarder records to (`Metrics`)."""
 
     in_flight: Gauge
     sink_errors: Counter  # taotrace_sink_errors_total{sink}: records a sink failed on
@@ -281,8 +280,9 @@ class Metrics:
             am, registry=registry,
         )  # fmt: skip
         self.in_flight = Gauge(
-            "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=registry
-        )
+            "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=registry,
+            summed=True,
+        )  # fmt: skip
         self.overhead = Histogram(
             "taotrace_proxy_overhead_seconds",
             "The proxy's own time: request (head arrival to upstream write, minus pool wait, DNS, connect) "
@@ -327,13 +327,6 @@ class Metrics:
             "taotrace_sink_errors", "Finished requests' records a sink (metrics, spans, live_view, ...) failed on.",
             ("sink",), registry=registry,
         )  # fmt: skip
-        self.records_dropped = Counter(
-            "taotrace_records_dropped",
-            "Finished requests a worker could not hand to a supervisor that fell behind (--workers): "
-            "in no other metric, span or live-view row.",
-            registry=registry,
-        )  # fmt: skip
-        self.records_dropped.labels()
         self.spans_dropped = Counter(
             "taotrace_spans_dropped",
             "Finished spans never delivered: queue_full (the export queue was full: the collector is down "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.util.types import AnyValue
 
-from proxy.exchange.record import RequestRecord, SpanContextValues
+from proxy.exchange.record import RequestRecord
 from proxy.exchange.timing import RequestTiming
 from proxy.telemetry.spandata import UNSET, Resource, Scope, SpanData, SpanProcessor
 from proxy.telemetry.tracing import SpanLimits, Tracing
@@ -64,12 +64,6 @@ def bounded(attributes: dict[str, AnyValue], limits: SpanLimits) -> tuple[dict[s
     return attributes, max(dropped, 0)
 
 
-def _context(ids: SpanContextValues) -> SpanContext:
-    """A span context from the plain values a `SpanStart` carries."""
-    trace_id, span_id, flags, remote, state = ids
-    return SpanContext(trace_id, span_id, remote, TraceFlags(flags), TraceState(list(state)))
-
-
 class SpanEnd:
     """Ends the spans of each finished request, with the sampler, ids and processor of `tracing`;
     `capture_content` / `capture_io_values` as `Spans`'."""
@@ -80,25 +74,18 @@ class SpanEnd:
         self.capture_content = capture_content
         self.capture_io_values = capture_io_values
 
-    def end(self, rec: RequestRecord, resource: Resource | None = None) -> None:
-        """The span observer: the root as it was started (same ids, start and attributes, from
-        `rec.span`), its attributes from the record, its phase children, to the processor.
-        `resource`: the process that served it (default this one's; a group's supervisor passes
-        the worker's, with its `service.instance.id`)."""
+    def end(self, rec: RequestRecord, offset: int) -> None:
+        """The span observer: the root as it was started (same context, parent, links, start
+        and attributes, from `rec.span`), its attributes from the record, its phase children, to
+        the processor. `offset`: epoch ns minus monotonic ns, the timing's instants as span times."""
         seed = rec.span
         processor = self.tracing.processor
         if seed is None or processor is None or rec.sampling == "dropped":
-            return  # nothing shipped, no exporter here, or nothing to make
-        # The root's context straight from the plain values (no RootSpan between them); most
-        # roots carry no trace state: the shared empty one, not a new one each.
-        state = TraceState(list(seed.trace_state)) if seed.trace_state else EMPTY_STATE
-        context = SpanContext(seed.trace_id, seed.span_id, False, FLAGS[seed.trace_flags & 0xFF], state)
-        parent = None if seed.parent is None else _context(seed.parent)
-        links = tuple(Link(_context(link)) for link in seed.links) if seed.links else ()
+            return  # nothing started for export, no exporter here, or nothing to make
         attributes: dict[str, AnyValue] = seed.attributes  # the span's own now
         self._end(
-            processor, seed.name, context, parent, seed.start, links, attributes, rec, seed.output,
-            seed.output_value, seed.offset, resource or self.tracing.resource,
+            processor, seed.name, seed.context, seed.parent, seed.start, seed.links, attributes, rec, seed.output,
+            seed.output_value, offset, self.tracing.resource,
         )  # fmt: skip
 
     def _end(

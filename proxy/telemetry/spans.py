@@ -23,13 +23,13 @@ from opentelemetry.util.types import AnyValue
 from proxy import __version__
 from proxy.config.routes import Route
 from proxy.dialects import RequestInfo
-from proxy.exchange.record import RequestRecord, SpanContextValues, SpanStart, Traced
+from proxy.exchange.record import RequestRecord, SpanStart, Traced
 from proxy.exchange.timing import RequestTiming
 from proxy.telemetry import propagation
 from proxy.telemetry.sampling import OutcomeSampling
 from proxy.telemetry.semconv import Conventions
 from proxy.telemetry.span_end import EMPTY_STATE, FLAGS, RANDOM_TRACE_ID, SpanEnd
-from proxy.telemetry.spandata import Resource, Scope
+from proxy.telemetry.spandata import Scope
 from proxy.telemetry.tracing import Tracing
 
 __all__ = ["NOT_TRACED", "RootSpan", "Spans"]
@@ -96,16 +96,6 @@ def _redacted_query(query: str) -> str:
     return "&".join(f"{name}=REDACTED" for name in names)
 
 
-def _values(context: SpanContext) -> SpanContextValues:
-    return (
-        context.trace_id,
-        context.span_id,
-        int(context.trace_flags),
-        context.is_remote,
-        tuple(context.trace_state.items()),
-    )
-
-
 class Spans:
     """Starts and ends the spans of each request, with the sampler, ids and processor of `tracing`."""
 
@@ -119,7 +109,6 @@ class Spans:
         capture_content: bool = False,
         capture_io_values: bool = False,
         sampling: OutcomeSampling | None = None,
-        ship: bool = False,
         parent: str = "child",
         conventions: Conventions | None = None,
     ) -> None:
@@ -136,10 +125,6 @@ class Spans:
         self._eager_attributes: bool = getattr(tracing.sampler, "reads_attributes", True)
         self.scope = Scope("taotrace", __version__, conventions.schema_url or None)
         self.parent = parent
-        # Ship: this process only starts spans (ids, sampling, context upstream); each finished
-        # request carries its root's start (`span_start`) to the telemetry process, which
-        # finishes and exports it (`end`). Spans are never built or encoded here.
-        self.ship = ship
         self.server_address = upstream_host
         self.server_port = upstream_port
         self.upstream_base = upstream_base
@@ -334,7 +319,7 @@ class Spans:
     ) -> Traced:
         """Everything a finished request's record needs from telemetry, asked once: its trace id
         (None when not traced or dropped), the outcome sampling decision, and the root's start for
-        the span observer (`end`), here or, shipped, in a group's supervisor."""
+        the span observer (`end`)."""
         sampling = self.decide(span, error_type, timing)
         return Traced(
             trace_id=None if sampling == "dropped" else self.trace_id(span),
@@ -346,27 +331,23 @@ class Spans:
         self, span: RootSpan, sampling: str, output_text: str | None, output_value: str | None = None
     ) -> SpanStart | None:
         """The root's start, for the span observer; None when nothing is to be exported (no
-        exporter here nor a process to ship to, not sampled, or dropped by outcome sampling)."""
-        if sampling == "dropped" or not span.recording or not (self.ship or self.tracing.processor is not None):
+        exporter, not sampled, or dropped by outcome sampling)."""
+        if sampling == "dropped" or not span.recording or self.tracing.processor is None:
             return None
         ctx = span.context
         if not ctx.trace_flags.sampled:
             return None
         return SpanStart(
             name=span.name,
-            trace_id=ctx.trace_id,
-            span_id=ctx.span_id,
-            trace_flags=int(ctx.trace_flags),
-            trace_state=tuple(ctx.trace_state.items()),
-            parent=None if span.parent is None else _values(span.parent),
+            context=ctx,
+            parent=span.parent,
             start=span.start_time,
             attributes=span.attributes,  # the root's own dict: the request is over, nothing else writes it
             output=output_text if self.capture_content else None,
             output_value=output_value if self.capture_io_values else None,
-            offset=self._offset_ns,
-            links=tuple(_values(link.context) for link in span.links),
+            links=span.links,
         )
 
-    def end(self, rec: RequestRecord, resource: Resource | None = None) -> None:
+    def end(self, rec: RequestRecord) -> None:
         """The span observer: the root and its phase children from `rec` (see `SpanEnd.end`)."""
-        self._span_end.end(rec, resource)
+        self._span_end.end(rec, self._offset_ns)

@@ -40,6 +40,7 @@ __all__ = [
     "Tracing",
     "TracingError",
     "build_tracing",
+    "check_tracing",
     "limits_from_env",
     "resource_from_env",
     "sdk_disabled",
@@ -219,35 +220,36 @@ def _exporters(env: Mapping[str, str], pause: Callable[[], None] | None) -> list
 
 
 def build_tracing(
-    env: Mapping[str, str] | None = None,
-    *,
-    export: bool = True,
-    on_drop: Callable[[str, int], None] | None = None,
-    serving: bool = True,
+    env: Mapping[str, str] | None = None, *, on_drop: Callable[[str, int], None] | None = None
 ) -> Tracing:
-    """Tracing as the standard variables ask. `export=False`: ids and sampling only (a serving
-    process whose spans the telemetry process exports). `on_drop(reason, n)`: spans lost.
-    `serving=False`: no event loop here relays streams (a group's supervisor), so the export
-    thread keeps the GIL for a whole batch instead of giving it back every few spans (which
-    starved it behind a busy loop: spans dropped from a full queue). Raises TracingError when an
-    exporter or the resource cannot be set up."""
+    """Tracing as the standard variables ask. `on_drop(reason, n)`: spans lost. Raises
+    TracingError when an exporter or the resource cannot be set up."""
     env = os.environ if env is None else env
     if sdk_disabled(env):
         return Tracing(disabled=True)
-    if not export:  # a serving process whose spans another exports (a worker): no exporter, no detector
-        return Tracing(sampler=sampler_from_env(env), limits=limits_from_env(env))
     resource = _own(resource_from_env(env))
-    pause = release_gil if serving else None
     # Batched on a thread, one processor per exporter as the SDK has (the console's too:
     # printing never runs on the event loop); a full queue drops (and counts) rather than
-    # blocking a request.
-    processors = [BatchSpanProcessor.from_env(e, env, on_drop, pause) for e in _exporters(env, pause)]
+    # blocking a request. The thread gives the GIL to the event loop every few spans encoded.
+    processors = [BatchSpanProcessor.from_env(e, env, on_drop, release_gil) for e in _exporters(env, release_gil)]
     processor: SpanProcessor | None = None
     if len(processors) == 1:
         processor = processors[0]
     elif processors:
         processor = FanOutSpanProcessor(processors)
     return Tracing(processor=processor, sampler=sampler_from_env(env), resource=resource, limits=limits_from_env(env))
+
+
+def check_tracing(env: Mapping[str, str]) -> Resource:
+    """What `build_tracing` would make of `env`, made and let go (a group's supervisor, whose
+    workers build their own): raises TracingError as it would. Its resource (the default one
+    when `OTEL_SDK_DISABLED` is set)."""
+    if sdk_disabled(env):
+        return _default_resource()
+    resource = _own(resource_from_env(env))
+    for exporter in _exporters(env, None):
+        exporter.shutdown()
+    return resource
 
 
 def shutdown_tracing(tracing: Tracing, timeout: float = 3.0) -> bool:

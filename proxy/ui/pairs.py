@@ -5,18 +5,21 @@ caller owns the clock.
 matches the two records of each pair as they finish (either may end first; an unmatched one
 waits, at most `MAX_PENDING` at once, oldest forgotten first) and keeps the pairs matched in the
 last 15 minutes, at most `MAX_PAIRS`, for `/api/summary`. Route names are the operator's, so
-the groups (request's route, mirror's route) are few.
+the groups (request's route, mirror's route) are few. Both halves of a pair are served by one
+process (a worker copies the requests it serves), so a group's summary merges each worker's
+matched pairs (`state`, `merge`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from proxy.exchange.record import RequestRecord
 
-__all__ = ["MAX_PAIRS", "MAX_PENDING", "Pairs", "differences", "outcome"]
+__all__ = ["MAX_PAIRS", "MAX_PENDING", "MatchedState", "Pairs", "differences", "outcome"]
 
 MAX_PENDING = 1024  # records waiting for the other half (copies run at most --mirror-concurrency at once)
 MAX_PAIRS = 5000  # matched pairs kept for the window (the per-minute cap keeps real use far below)
@@ -60,6 +63,10 @@ class _Matched:
     mirror_ok: bool
 
 
+# A matched pair as plain values: the fields of `_Matched`, in order.
+MatchedState = tuple[float, str, str, "float | None", "float | None", bool, bool]
+
+
 def _median(values: list[float]) -> float | None:
     if not values:
         return None
@@ -101,6 +108,17 @@ class Pairs:
                 mirror_ok=not mirror.error_type,
             )
         )
+
+    def state(self, now: float) -> list[MatchedState]:
+        """The pairs matched in the last `window_s` seconds as plain values, for `merge`."""
+        horizon = now - self.window_s
+        return [astuple(m) for m in self._matched if m.time > horizon]
+
+    def merge(self, states: Iterable[MatchedState]) -> None:
+        """Another process's matched pairs (`state`), among these in the order they were matched."""
+        merged = sorted([*self._matched, *(_Matched(*m) for m in states)], key=lambda m: m.time)
+        self._matched.clear()
+        self._matched.extend(merged)  # the oldest fall off past max_pairs
 
     def snapshot(self, now: float) -> list[dict[str, Any]]:
         """Per (request's route, mirror's route): pairs, errors on each side, and the median

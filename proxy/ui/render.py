@@ -13,7 +13,6 @@ import dataclasses
 from typing import Any
 
 from proxy.exchange.record import model_label
-from proxy.exchange.series import Binned
 from proxy.ui.ring import SERIES, Entry
 
 __all__ = ["detail", "row"]
@@ -152,7 +151,7 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
             "last_byte": t.time_to_last_byte,
         },
         "gaps": {
-            "values": list(t.itl.bars() if isinstance(t.itl, Binned) else t.itl),
+            "values": list(t.itl),
             "per_bar": e.gaps_per_bar,
             "count": max(0, t.token_events - 1),
         },

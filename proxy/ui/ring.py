@@ -4,8 +4,6 @@ Each entry keeps the `RequestRecord` the spans and metrics were made from, so th
 the same numbers as the trace. Only the per-gap series are bounded: a stream with more than
 `MAX_GAPS` inter-token gaps keeps, for each run of k consecutive gaps, the largest (a stall
 stays visible); other series the view does not show (`chunk_gaps`) are dropped when longer.
-With `--workers` a long stream's series arrive binned (`proxy/exchange/series.py`) and are kept so: a few
-counts each, and the bars of its gaps.
 """
 
 from __future__ import annotations
@@ -17,12 +15,12 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from proxy.exchange.record import RequestRecord, model_label
-from proxy.exchange.series import MAX_GAPS, Binned, compact_gaps
 from proxy.exchange.timing import RequestTiming
 
 __all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "distinct", "parse_query", "select"]
 
 DEFAULT_LIMIT = 100
+MAX_GAPS = 256  # bars of a stream's gaps the live view keeps (the largest of each run of k gaps)
 # The per-token or per-chunk series of a RequestTiming (itl, chunk_gaps, ...): one float per gap,
 # so the only parts of a record whose size grows with the stream. Found once, by type.
 SERIES = tuple(f.name for f in fields(RequestTiming) if str(f.type).startswith("tuple[float"))
@@ -49,6 +47,19 @@ class _Replacer(Generic[T]):
         for set_field, value in zip(self._setters, values, strict=True):
             set_field(new, value)
         return new
+
+
+def compact_gaps(itl: tuple[float, ...], cap: int) -> tuple[tuple[float, ...], int]:
+    """At most `cap` gaps: the largest of each run of k consecutive ones, and k."""
+    n = len(itl)
+    if n <= cap:
+        return itl, 1
+    k = -(-n // cap)
+    full = n - n % k
+    out = list(map(max, zip(*[iter(itl[:full])] * k, strict=True)))  # C loops: no Python step per gap
+    if full < n:
+        out.append(max(itl[full:]))
+    return tuple(out), k
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,14 +90,11 @@ class Ring:
 
     def add(self, record: RequestRecord, now: float) -> Entry:
         timing = record.timing
-        itl = timing.itl
-        k = itl.per_bar if isinstance(itl, Binned) else 1  # a worker's: compacted to MAX_GAPS bars there
+        k = 1
         if max(map(len, self._series(timing))) > MAX_GAPS:  # long streams only; they already cost far more per token
             changes: dict[str, Any] = {}
             for name in SERIES:
                 values = getattr(timing, name)
-                if isinstance(values, Binned):
-                    continue  # a few counts, and the bars of its gaps: kept as it came
                 if name == "itl":
                     changes[name], k = compact_gaps(values, MAX_GAPS)
                 elif len(values) > MAX_GAPS:

@@ -7,6 +7,11 @@ it also keeps them, and its percentiles are exact (one request's TTFT is shown a
 as its bucket's middle); beyond that, a percentile is clamped to the exact minimum and maximum.
 Memory is bounded by buckets × models, and models per bucket are capped (`other` beyond), since
 anyone can invent model names.
+
+A window's buckets can be handed over as plain values (`state`) and added to another window
+(`merge`): counts, sums and histograms add, so a group's summary is the one a single window fed
+every worker's requests would give (percentiles are read from the merged histograms, never
+averaged).
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.exchange.record import RequestRecord, model_label
 
-__all__ = ["BUCKET_WIDTH", "EXACT_SAMPLES", "MAX_MODELS", "PHASES", "QUANTILES", "Window"]
+__all__ = ["BUCKET_WIDTH", "EXACT_SAMPLES", "MAX_MODELS", "PHASES", "QUANTILES", "BucketState", "Window"]
 
 BUCKET_S = 30.0
 WINDOW_S = 900.0
@@ -31,6 +37,13 @@ BUCKET_WIDTH = 0.10  # each histogram bucket is 10 % wider than the one before
 EXACT_SAMPLES = 32  # up to this many values per histogram are also kept as they are
 _GROWTH = 1.0 + BUCKET_WIDTH
 _PER_LOG = 1.0 / math.log(_GROWTH)
+
+
+# A histogram as plain values: counts per log bucket, its values while it keeps them, min, max.
+HistState = tuple[dict[int, int], "list[float] | None", float, float]
+# A bucket of the window as plain values: start, requests, errors by type, seconds per phase, and
+# per model its requests and its TTFT and TPOT histograms.
+BucketState = tuple[float, int, dict[str, int], list[float], dict[str, tuple[int, HistState, HistState]]]
 
 
 def _index(value: float) -> int:
@@ -59,6 +72,17 @@ class _Hist:
                 values.append(value)
             else:
                 self.values = None
+
+    def state(self) -> HistState:
+        return dict(self.counts), None if self.values is None else list(self.values), self.lo, self.hi
+
+    @classmethod
+    def of(cls, state: HistState) -> _Hist:
+        hist = cls()
+        counts, values, hist.lo, hist.hi = state
+        hist.counts = dict(counts)
+        hist.values = None if values is None else array("d", values)
+        return hist
 
     def merge(self, other: _Hist) -> None:
         for k, n in other.counts.items():
@@ -129,6 +153,17 @@ class Window:
             buckets.append(_Bucket(start))
         return buckets[-1]
 
+    def _model(self, b: _Bucket, name: str) -> _Model:
+        """The bucket's model `name`, or `other` once it holds `max_models`."""
+        model = b.models.get(name)
+        if model is None:
+            if len(b.models) >= self.max_models:
+                name = "other"
+                model = b.models.get(name)
+            if model is None:
+                model = b.models[name] = _Model()
+        return model
+
     def add(self, record: RequestRecord, now: float) -> None:
         b = self._bucket(now)
         b.requests += 1
@@ -144,19 +179,48 @@ class Window:
             phases[3] += t.duration - t.ttft - (t.decode or 0.0)
         else:
             phases[4] += t.duration - network
-        name = model_label(record.model)
-        model = b.models.get(name)
-        if model is None:
-            if len(b.models) >= self.max_models:
-                name = "other"
-                model = b.models.get(name)
-            if model is None:
-                model = b.models[name] = _Model()
+        model = self._model(b, model_label(record.model))
         model.requests += 1
         if t.ttft is not None and t.ttft > 0:
             model.ttft.add(t.ttft)
         if t.tpot is not None and t.tpot > 0:
             model.tpot.add(t.tpot)
+
+    def state(self, now: float) -> list[BucketState]:
+        """The buckets of the last `window_s` seconds as plain values, for `merge`."""
+        horizon = now - self.window_s
+        return [
+            (
+                b.start,
+                b.requests,
+                dict(b.errors),
+                list(b.phases),
+                {name: (m.requests, m.ttft.state(), m.tpot.state()) for name, m in b.models.items()},
+            )  # fmt: skip
+            for b in self._buckets
+            if b.start + self.bucket_s > horizon
+        ]
+
+    def merge(self, states: Iterable[BucketState]) -> None:
+        """Another window's buckets (`state`), added to this one's bucket by bucket."""
+        found = {b.start: b for b in self._buckets}
+        for start, requests, errors, phases, models in states:
+            b = found.get(start)
+            if b is None:
+                b = found[start] = _Bucket(start)
+            b.points = None
+            b.requests += requests
+            for kind, n in errors.items():
+                b.errors[kind] = b.errors.get(kind, 0) + n
+            for j, seconds in enumerate(phases):
+                b.phases[j] += seconds
+            for name, (n, ttft, tpot) in models.items():
+                model = self._model(b, name)
+                model.requests += n
+                model.ttft.merge(_Hist.of(ttft))
+                model.tpot.merge(_Hist.of(tpot))
+        self._buckets.clear()
+        self._buckets.extend(sorted(found.values(), key=lambda b: b.start))  # the oldest fall off the deque
 
     @staticmethod
     def _points(b: _Bucket) -> dict[str, Any]:

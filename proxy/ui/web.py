@@ -18,25 +18,19 @@ slices that yield to the event loop, so a page polling 1,000 rows never stalls t
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy.ui.live import LiveView
-from proxy.ui.pairs import differences
-from proxy.ui.render import detail, row
-from proxy.ui.ring import distinct, parse_query, select
-from proxy.ui.running import running_detail, running_matches, running_row
+from proxy.ui.live import LiveSource
+from proxy.ui.ring import parse_query
 
 __all__ = ["add_ui_routes"]
 
 COOKIE = "taotrace_ui"
-ROWS_PER_SLICE = 200  # rows rendered between yields to the loop: a short hold (docs/live-view.md)
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 _SECURITY = {
     # Everything the page needs is served from here; nothing inline, nothing from elsewhere.
@@ -101,8 +95,8 @@ def _login(problem: str = "") -> web.Response:
     return web.Response(status=401, text=body, content_type="text/html", headers=headers)
 
 
-def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = None, trace_url: str = "") -> None:
-    """Mount the live view on `app` (the metrics app)."""
+def add_ui_routes(app: web.Application, live: LiveSource, *, token: str | None = None) -> None:
+    """Mount the live view on `app` (the metrics app): `live` answers the API (`LiveSource`)."""
     files = _static_files()
     secret = token.encode() if token else None
 
@@ -162,71 +156,29 @@ def add_ui_routes(app: web.Application, live: LiveView, *, token: str | None = N
 
     async def requests(request: web.Request) -> web.StreamResponse:
         try:
-            query = parse_query(request.query, live.ring.capacity)
+            query = parse_query(request.query, live.capacity)
         except ValueError as exc:
             return _error(400, "bad_request", str(exc))
-        entries = live.ring.snapshot()
-        chosen = select(entries, query)
-        rows: list[dict[str, Any]] = []
-        for start in range(0, len(chosen), ROWS_PER_SLICE):
-            if start:
-                await asyncio.sleep(0)  # let the proxy's streams run between slices
-            rows.extend(row(e) for e in chosen[start : start + ROWS_PER_SLICE])
-        apis, models = distinct(entries)
-        running = [f for f in await live.active(None) if running_matches(f, query)]
-        return _json(
-            {
-                "in_flight": [running_row(f) for f in reversed(running[-query.limit :])],  # newest first
-                "requests": rows,
-                "last_seq": live.ring.last_seq,
-                "capacity": live.ring.capacity,
-                "size": len(entries),
-                "apis": apis,
-                "models": models,
-            }
-        )
+        return _json(await live.requests(query))
 
     async def one(request: web.Request) -> web.StreamResponse:
-        id_ = request.match_info["id"]
-        entry = live.ring.find(id_)
-        if entry is None:
-            running = await live.active(id_)
-            if running:
-                return _json(running_detail(running[0]))
-            entry = live.ring.find(id_)  # it may have finished while we asked
-        if entry is None:
+        found = await live.request(request.match_info["id"])
+        if found is None:
             return _error(
                 404, "not_found", "no such request among the recent ones (the ring keeps the last --ui-requests)"
             )
-        return _json(detail(entry, trace_url=trace_url, capture_content=live.capture_content))
+        return _json(found)
 
     async def pair(request: web.Request) -> web.StreamResponse:
-        pair_id = request.match_info["pair_id"]
-        primary, mirror = live.ring.find_pair(pair_id)
-        if primary is None and mirror is None:
+        found = await live.pair(request.match_info["pair_id"])
+        if found is None:
             return _error(
                 404, "not_found", "no such pair among the recent requests (the ring keeps the last --ui-requests)"
             )
-        content = live.capture_content
-        return _json(
-            {
-                "pair_id": pair_id,
-                "request": detail(primary, trace_url=trace_url, capture_content=content) if primary else None,
-                "mirror": detail(mirror, trace_url=trace_url, capture_content=content) if mirror else None,
-                "differences": differences(primary.record, mirror.record)
-                if primary is not None and mirror is not None
-                else None,
-            }
-        )
+        return _json(found)
 
     async def summary(_request: web.Request) -> web.StreamResponse:
-        while not live.window.prepare(live.clock()):
-            await asyncio.sleep(0)  # a full window's first percentiles, a few buckets per turn
-        body = live.window.snapshot(live.clock())
-        body["pairs"] = live.pairs.snapshot(live.clock())
-        body["in_flight"] = live.in_flight()
-        body["experiments"] = live.experiments
-        return _json(body)
+        return _json(await live.summary())
 
     app.router.add_get("/", page)
     app.router.add_get("/ui/{name}", guarded(static))

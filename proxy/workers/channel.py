@@ -2,47 +2,27 @@
 
 The worker speaks first with a `Hello` in JSON, which any version of taotrace can read; the
 supervisor answers a Hello of its own version (`messages.VERSION`, `messages.SCHEMA`) with a
-`Start`, and refuses any other. From then on every frame is one message class of
-`proxy.workers.messages`, its first byte saying how it is written:
+`Start`, and refuses any other. From then on every frame is a pickle of one message class of
+`proxy.workers.messages`: a few per worker and second (its reports), and one each time /metrics is
+scraped or the live view asks. Both ends are this program (the Hello checks it).
 
-    R  Records: `marshal` of plain tuples (`plain.py`: each record's fields in order), the
-       traffic of the channel, where a pickle's dataclass states cost the supervisor most (with
-       several workers, a long stream's per-token series binned: `binning.py`)
-    P  any other message: a pickle (a few per worker, or one each time the live view asks)
-
-Both ends are this program, so a `RequestRecord` arrives as the worker built it and the
-supervisor runs the same `Metrics.record` on it as one process would.
-
-Anything else (a frame too long, not JSON, of another kind, not a marshal of records or not a
-pickle, or a pickle of another class) is a `ChannelError`: the supervisor restarts that worker rather than guess.
+Anything else (a frame too long, not JSON, not a pickle, or a pickle of another class) is a
+`ChannelError`: the supervisor restarts that worker rather than guess.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import marshal
 import pickle
 import struct
 
-from proxy.workers.messages import (
-    SCHEMA,
-    VERSION,
-    AskInFlight,
-    Hello,
-    InFlightAnswer,
-    Ready,
-    Records,
-    Start,
-    ToSupervisor,
-    ToWorker,
-    record_form,
-)
+from proxy.workers.messages import SCHEMA, VERSION, Answer, Ask, Hello, Ready, Report, Start, ToSupervisor, ToWorker
 
 __all__ = ["ChannelError", "decode", "decode_frame", "encode", "encode_hello", "mismatch", "receive", "receive_hello"]
 
 _HEADER = struct.Struct("!I")
-MAX_FRAME = 256 * 1024 * 1024  # bytes; a batch of records is a few MB at most
+MAX_FRAME = 256 * 1024 * 1024  # bytes; a report of every series at the label caps is tens of MB at most
 MAX_HELLO = 4096
 
 
@@ -50,45 +30,21 @@ class ChannelError(Exception):
     """A frame that is not a message of ours."""
 
 
-_RECORDS, _PICKLE = b"R", b"P"
-# marshal's current format: it writes a string seen before as a reference, and the same words
-# ("chat_completions", the model, attribute names) recur in every record of a batch
-_MARSHAL_VERSION = 4
+_MESSAGES = (Start, Ask, Ready, Report, Answer)
 
 
 def encode(message: ToWorker | ToSupervisor) -> bytes:
-    if isinstance(message, Records):
-        encode_record = record_form.encode
-        plain = (
-            [encode_record(rec) for rec in message.records],
-            message.in_flight,
-            message.dropped,
-            message.sink_errors,
-            message.mirror_dropped,
-        )
-        body = _RECORDS + marshal.dumps(plain, _MARSHAL_VERSION)
-    else:
-        body = _PICKLE + pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
 
 
 def decode(body: bytes) -> ToWorker | ToSupervisor:
     """The message of one frame's body; a `ChannelError` when it is not one of ours."""
-    kind, rest = body[:1], memoryview(body)[1:]
-    if kind == _RECORDS:
-        try:
-            records, in_flight, dropped, sink_errors, mirror_dropped = marshal.loads(rest)
-            decode_record = record_form.decode
-            return Records([decode_record(rec) for rec in records], in_flight, dropped, sink_errors, mirror_dropped)
-        except Exception as exc:  # marshal and a shape that is not a record's raise several kinds
-            raise ChannelError(f"not a message of records ({type(exc).__name__})") from exc
-    if kind != _PICKLE:
-        raise ChannelError(f"not a message: a frame of kind {bytes(kind)!r}")
     try:
-        message = pickle.loads(rest)
+        message = pickle.loads(body)
     except Exception as exc:  # pickle raises many kinds for bytes that are not one
         raise ChannelError(f"not a message ({type(exc).__name__})") from exc
-    if not isinstance(message, (Start, AskInFlight, Ready, InFlightAnswer)):  # Records arrive as R
+    if not isinstance(message, _MESSAGES):
         raise ChannelError(f"not a message: a {type(message).__name__}")
     return message
 
@@ -140,6 +96,6 @@ def mismatch(hello: Hello) -> str | None:
     if hello.version == VERSION and hello.schema == SCHEMA:
         return None
     return (
-        f"it runs taotrace {hello.version} (records {hello.schema}), this supervisor {VERSION} (records {SCHEMA}); "
+        f"it runs taotrace {hello.version} (messages {hello.schema}), this supervisor {VERSION} (messages {SCHEMA}); "
         "restart the whole group after an upgrade"
     )

@@ -1,18 +1,19 @@
 """What the supervisor and a worker say to each other: one frozen class per message.
 
-    worker -> supervisor   Hello            first, always: the worker's version (JSON, see channel.py)
-                           Ready            serving
-                           Records          finished requests, in-flight counts, records dropped so far
-                           InFlightAnswer   the answer to an AskInFlight
-    supervisor -> worker   Start            after a Hello of this very version: settings, index, ...
-                           AskInFlight      the live view polls: what runs now (one request, or all)
+    worker -> supervisor   Hello    first, always: the worker's version (JSON, see channel.py)
+                           Ready    serving
+                           Report   its metrics' changes since its last report (`deltas.py`): every
+                                    `REPORT_SECONDS`, and as the answer to an Ask for them
+                           Answer   the answer to a live-view Ask
+    supervisor -> worker   Start    after a Hello of this very version: settings, index, instance id, ...
+                           Ask      /metrics is scraped (the changes now), or the live view's page
+                                    polls (its rows, one request, a pair, its summary)
 
-Records cross as plain tuples of their fields by position (`record_form`, see channel.py), the
-other messages as pickles: both are only safe between two processes that hold the same classes
-with the same fields, since a worker started from newer code after an in-place upgrade would
-shift them silently in the old supervisor. The Hello carries `VERSION` and `SCHEMA` (a digest of
-every field of every class that crosses the channel, and of `WIRE`, the way they are written),
-and a supervisor refuses a worker whose Hello differs in either.
+Every message but the Hello is a pickle, which is only safe between two processes that hold the
+same classes with the same fields: a worker started from newer code after an in-place upgrade
+would shift them silently in the old supervisor. The Hello carries `VERSION` and `SCHEMA` (a
+digest of every field of every class that crosses the channel, and of `WIRE`, the way they are
+written), and a supervisor refuses a worker whose Hello differs in either.
 """
 
 from __future__ import annotations
@@ -20,40 +21,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from proxy import __version__
-from proxy.accounting.prices import Cost
-from proxy.accounting.ratelimits import RateLimit, RateLimits
-from proxy.dialects import Usage
-from proxy.exchange.inflight import InFlight
-from proxy.exchange.record import RequestRecord, SpanStart
-from proxy.exchange.timing import RequestTiming
-from proxy.upstream.tcpinfo import TcpStats
-from proxy.workers.plain import Plain
+from proxy.ui.ring import Query
+from proxy.workers.deltas import Taken
 
-__all__ = [
-    "SCHEMA",
-    "VERSION",
-    "WIRE",
-    "AskInFlight",
-    "Hello",
-    "InFlightAnswer",
-    "Ready",
-    "Records",
-    "Start",
-    "ToSupervisor",
-    "ToWorker",
-    "record_form",
-    "schema",
-]
+__all__ = ["SCHEMA", "VERSION", "WIRE", "Answer", "Ask", "Hello", "Ready", "Report", "Start", "ToSupervisor",
+           "ToWorker", "schema"]  # fmt: skip
 
 VERSION = __version__
 # How messages are written (channel.py): 1 every message a pickle; 2 records as plain tuples in
-# marshal, the rest pickles; 3 as 2, a long stream's series binned (binning.py). Part of SCHEMA: a
-# worker writing another way is refused at its Hello.
-WIRE = 3
+# marshal, the rest pickles; 3 as 2, a long stream's series binned; 4 no records: every message a
+# pickle, the metrics as changes. Part of SCHEMA: a worker writing another way is refused at its Hello.
+WIRE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +53,8 @@ class Start:
 
     settings: dict[str, Any]  # `Settings.model_dump()`, the group's salt included
     index: int
-    ship_spans: bool  # start each span and ship it in the record: the supervisor exports spans
-    max_buffered: int  # bytes of unsent messages a worker holds before it drops records
+    instance: str  # its `service.instance.id`, on its spans and OTLP metrics
+    max_buffered: int  # bytes of unsent messages a worker holds before it holds its reports back
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,41 +63,35 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
-class Records:
-    """Finished requests, the worker's in-flight counts now, and the records (and `--mirror`
-    copies) it dropped and its sinks failed on so far."""
+class Report:
+    """The worker's metrics' changes since its last report; `ask`: the Ask it answers (0: none)."""
 
-    records: list[RequestRecord]
-    in_flight: dict[tuple[str, ...], float]  # (upstream, api) -> requests in flight
-    dropped: int  # since the worker started: the supervisor counts the difference
-    sink_errors: dict[str, float]  # sink -> records it failed on since the worker started (likewise)
-    # --mirror copies a cap refused since the worker started, by reason (per_minute, concurrency)
-    mirror_dropped: dict[str, int] = field(default_factory=dict)
+    changes: Taken
+    ask: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class AskInFlight:
-    """The live view's question: every request in flight (`want` None), or that one."""
+class Ask:
+    """The supervisor's question number `ask`: `what` is "metrics" (a Report, now), or the live
+    view's "requests" (with `query`), "request" or "pair" (with `key`), "summary"."""
 
     ask: int
-    want: str | None
+    what: str
+    query: Query | None = None
+    key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
-class InFlightAnswer:
-    """What runs in the worker now, for the AskInFlight numbered `ask`."""
+class Answer:
+    """The live view's answer to the Ask numbered `ask` (JSON-able; None: not here)."""
 
     ask: int
-    requests: list[InFlight]
+    body: Any
 
 
-ToWorker = Start | AskInFlight
-ToSupervisor = Ready | Records | InFlightAnswer
-
-# The classes whose instances cross the channel inside messages, by name, for `schema`: some are
-# imported only for type checking where they are used as field types.
-_CROSSING = {c.__name__: c for c in (RequestRecord, RequestTiming, SpanStart, Usage, TcpStats, Cost, RateLimit,
-                                     RateLimits, InFlight)}  # fmt: skip
+ToWorker = Start | Ask
+ToSupervisor = Ready | Report | Answer
+_CROSSING = {"Query": Query}  # classes annotations name that their modules import only for type checking
 
 
 def _dataclasses_in(hint: object) -> list[type]:
@@ -143,6 +119,4 @@ def schema(*roots: type, wire: int = WIRE) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-SCHEMA = schema(Hello, Start, Ready, Records, AskInFlight, InFlightAnswer)
-record_form: Plain[RequestRecord] = Plain(RequestRecord, localns=_CROSSING)
-"""A record as the tuple it crosses the channel in, and back."""
+SCHEMA = schema(Hello, Start, Ready, Report, Ask, Answer)

@@ -1,47 +1,44 @@
 """`taotrace serve --workers N`: N serving processes on one port, one supervisor for the group.
 
-    supervisor: /metrics /healthz /readyz, the live view, spans and OTLP metrics (`Reporting`)
-      │   one socketpair per worker: Hello, Start, then Records(records, in flight, dropped, sink errors) ─┐
+    supervisor: /metrics /healthz /readyz and the live view, for the whole group
+      │   one socketpair per worker: Hello, Start, then Reports of its metrics' changes ───────┐
       ├── worker 0  `python -m proxy.workers.worker`: the proxy on :PORT (SO_REUSEPORT) ──────┤
       └── worker 1  ...                                                                       ┘
 
 The supervisor binds the proxy port first, with SO_REUSEPORT and without listening: that
 resolves port 0, fails early when the port is taken, and holds the port across worker
 restarts. Each worker binds the same port with SO_REUSEPORT and the kernel spreads new
-connections over the listening workers (Linux). Serving loops never render exposition text:
-the supervisor aggregates (counters and histograms by applying every record once; in-flight
-gauges as the sum of each worker's last count) and renders.
+connections over the listening workers (Linux).
 
-Serving loops never build or encode spans either: a worker starts each request's root span
-(ids, sampling, `traceparent` upstream) and ships its start in the record (`RequestRecord.span`);
-the supervisor finishes it with the same ids, adds the phase children and exports them, under a
-resource with that worker's `service.instance.id` (`Spans.end`). The OTLP GenAI metrics
-are recorded and exported here too, once for the group. So the GIL a serving loop shares is
-never held by span building, OTLP encoding or metric export (`--telemetry-process` runs one
-worker this way).
+Each worker is one process's reporting without the metrics port: it records its own requests,
+keeps its own live view, and exports its own spans and OTLP metrics (the group's resource, its own
+`service.instance.id`). Nothing crosses per request: every `REPORT_SECONDS`, and each time
+/metrics is scraped (the supervisor asks every worker first, waiting `ASK_TIMEOUT` at most), a
+worker sends what changed in its metrics, and the supervisor adds it to the group's families
+(`deltas.py`) and renders the page. The live view asks the workers when its page polls
+(`live.py`). So the supervisor's work grows with the series and the page's polls, never with the
+requests served.
 
 The channel (channel.py, messages.py): a worker says Hello with its version and is refused,
 with a log line, unless it runs this supervisor's very code (an in-place upgrade restarts
-workers from new code under the old supervisor); its messages are bounded in the worker
-(`taotrace_records_dropped_total` counts what a lagging supervisor never got).
+workers from new code under the old supervisor); what a worker cannot send yet (a supervisor
+that does not read) waits in it, bounded, and its next report carries it.
 
 `--mirror` runs in the workers: each copies the requests it serves, within its share of the
-group's caps (`worker_share`, sent in its `Start`), and reports the copies its caps refused with
-its records; the copy's span link travels in its shipped span start like any other link.
+group's caps (`worker_share`, sent in its `Start`).
 
 A worker that dies is logged and started again (`taotrace_worker_restarts_total`); the other
 workers' streams are untouched, the dead one's connections are cut by the kernel. Its requests
-in flight, as its last report counted them, are counted as `error_type="worker_lost"`: the
-in-flight counts ride on the messages that carry records, and are sent at least every 0.25 s
-while they change, so no message per request start is added. SIGTERM or SIGINT: /readyz turns
-503 and every worker drains within `--drain-seconds`; a second signal cuts them at once.
+in flight at its last report are counted as `error_type="worker_lost"` (what it served after
+that report is in no count, and nothing of it is counted twice: its successor starts from 0).
+SIGTERM or SIGINT: /readyz turns 503 and every worker drains within `--drain-seconds`; a
+second signal cuts them at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -49,47 +46,36 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.util.types import AnyValue
 from prometheus_client import CollectorRegistry
 
 from proxy.config.config import Config, load
 from proxy.config.settings import Settings
-from proxy.exchange.inflight import InFlight
 from proxy.exchange.mirror import worker_share
-from proxy.exchange.observers import Named, Observers
-from proxy.exchange.record import RequestRecord
-from proxy.logs.ratelimited import RateLimitedLog
-from proxy.reporting.reporting import Reporting
+from proxy.reporting.reporting import MetricsPort, metrics_for
 from proxy.server.lifecycle import Shutdown
 from proxy.server.listen import bind, http_url
-from proxy.telemetry.metric_pipeline import MetricPipeline
 from proxy.telemetry.metrics import Metrics
-from proxy.telemetry.spandata import Resource
-from proxy.telemetry.spans import Spans
-from proxy.telemetry.tracing import Tracing
+from proxy.telemetry.tracing import check_tracing
+from proxy.ui.ring import Query
 from proxy.workers.channel import ChannelError, encode, mismatch, receive, receive_hello
-from proxy.workers.messages import (
-    AskInFlight,
-    InFlightAnswer,
-    Ready,
-    Records,
-    Start,
-    ToSupervisor,
-    ToWorker,
-)
+from proxy.workers.deltas import Held, Merge
+from proxy.workers.live import GroupLive
+from proxy.workers.messages import Answer, Ask, Ready, Report, Start, ToSupervisor, ToWorker
 
-__all__ = ["CHANNEL_BOUND", "Group", "instance_id", "supervising"]
+__all__ = ["ASK_TIMEOUT", "CHANNEL_BOUND", "Group", "instance_id", "supervising"]
 
 log = logging.getLogger("taotrace")
 KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker that will not exit is killed
 CRASH_WINDOW = 2.0  # a worker that dies sooner than this after starting is restarted with a growing delay
 MAX_BACKOFF = 10.0
-ASK_TIMEOUT = 0.5  # seconds the live view waits for a worker to say what it has in flight
+ASK_TIMEOUT = 0.5  # seconds a scrape or the live view waits for a worker's answer: a stuck one is left out
 # Bytes of messages a worker holds for a supervisor that does not read them fast enough before it
-# drops records: at ~2 KB a record, some 8,000 records, seconds of a busy worker's traffic.
+# holds its reports back (they wait in the worker, summed into its next one) and answers nothing.
 CHANNEL_BOUND = 16 * 1024 * 1024
 
 
@@ -105,16 +91,25 @@ class _Worker:
     """One slot of the group and the process in it now."""
 
     index: int
-    resource: Resource | None = None  # its spans' resource: the group's, with its own service.instance.id
+    instance: str = ""  # its spans' and OTLP metrics' service.instance.id, the same across restarts
     proc: asyncio.subprocess.Process | None = None
     ready: bool = False
-    in_flight: dict[tuple[str, ...], float] = field(default_factory=dict)  # (upstream, api) -> requests
     started: float = 0.0
     writer: asyncio.StreamWriter | None = None  # to the process in the slot now
-    asks: dict[int, asyncio.Future[list[InFlight]]] = field(default_factory=dict)  # the live view's questions
-    dropped: int = 0  # records the process in the slot says it dropped, as counted so far
-    sink_errors: dict[str, float] = field(default_factory=dict)  # its sinks' failures, as counted so far
-    mirror_dropped: dict[str, int] = field(default_factory=dict)  # --mirror copies it refused, likewise
+    asks: dict[int, asyncio.Future[Any]] = field(default_factory=dict)  # questions waiting for its answer
+    held: Held = field(default_factory=dict)  # what its summed gauges (requests in flight) add to the group's
+
+    @property
+    def in_flight(self) -> dict[tuple[str, ...], float]:
+        """(upstream, api) -> its requests in flight, as its last report had them."""
+        return {labels: n for (name, labels), n in self.held.items() if name == _IN_FLIGHT}
+
+
+_IN_FLIGHT = "taotrace_in_flight_requests"
+
+
+async def _nothing() -> None:
+    return None
 
 
 @dataclass
@@ -128,7 +123,9 @@ class Group:
     metrics_addresses: tuple[str, ...] = ()  # what the metrics port is bound to (is the live view exposed?)
     draining: bool = False
     stopping: bool = False
-    hurried: bool = False  # a second signal: the last span flush gets less time too
+    hurried: bool = False  # a second signal: the drain is cut
+    # Every worker's latest changes applied now (what a scrape does first): the metrics are exact.
+    refresh: Callable[[], Awaitable[None]] = _nothing
 
     def readiness(self) -> str:
         if self.draining:
@@ -157,111 +154,75 @@ class _Supervisor:
         self,
         settings: Settings,
         group: Group,
-        observers: Sequence[Named[RequestRecord]],
         env: Mapping[str, str],
         command: Sequence[str],
-        spans: Spans,
         channel_bound: int = CHANNEL_BOUND,
     ) -> None:
         self.settings = settings
         self.channel_bound = channel_bound
         self.group = group
-        self.spans = spans
-        # The group's records fan out as one process's do (`proxy/exchange/observers.py`): the spans,
-        # the metrics, then each observer, each in its own guard, counted in taotrace_sink_errors_total{sink}. The
-        # workers' own sinks are counted here from their Records: at 0 from the start too, as in
-        # one process (an alert on a series that does not exist yet never fires).
-        in_workers = ("record", "workers_ship", *(("access_log",) if settings.access_log else ()))
-        self.sinks: Observers[RequestRecord] = Observers(
-            [Named("metrics", group.metrics.record), *observers],
-            group.metrics.sink_errors,
-            RateLimitedLog(log),
-            more=("spans", *in_workers),
-        )
-        # Workers ship their spans' starts only when spans leave from here.
-        self.ship_spans = spans.exporting
+        self.merge = Merge(group.metrics)
         self.env = env
         self.command = tuple(command)
         self._asked = 0
 
     def _apply(self, worker: _Worker, message: ToSupervisor | ToWorker) -> None:
-        if isinstance(message, Records):
-            self._records(worker, message)
-        elif isinstance(message, InFlightAnswer):
-            asked = worker.asks.pop(message.ask, None)
-            if asked is not None and not asked.done():
-                asked.set_result(message.requests)
+        if isinstance(message, Report):
+            try:
+                self.merge.apply(message.changes, worker.held)
+            except KeyError as exc:  # a family this supervisor does not have: not our code
+                raise ChannelError(f"a report of an unknown family {exc}") from None
+            if message.ask:
+                self._answered(worker, message.ask, None)
+        elif isinstance(message, Answer):
+            self._answered(worker, message.ask, message.body)
         elif isinstance(message, Ready):
             worker.ready = True
         else:
             raise ChannelError(f"a {type(message).__name__} from a worker")
 
-    def _records(self, worker: _Worker, message: Records) -> None:
-        metrics, end, sinks = self.group.metrics, self.spans.end, self.sinks
-        if message.dropped > worker.dropped:
-            metrics.records_dropped.labels().inc(message.dropped - worker.dropped)
-            worker.dropped = message.dropped
-        if message.sink_errors != worker.sink_errors:
-            for sink, count in message.sink_errors.items():
-                more = count - worker.sink_errors.get(sink, 0.0)
-                if more > 0:
-                    metrics.sink_errors.labels(sink).inc(more)
-            worker.sink_errors = dict(message.sink_errors)
-        for reason, n in message.mirror_dropped.items():
-            counted = worker.mirror_dropped.get(reason, 0)
-            if n > counted:
-                metrics.mirror.dropped.labels(reason).inc(n - counted)
-                worker.mirror_dropped[reason] = n
-        for rec in message.records:
-            if rec.span is not None:  # the spans observer, with the worker's own resource
-                try:
-                    end(rec, worker.resource)
-                except Exception as exc:  # noqa: BLE001 - telemetry never stops the group's metrics
-                    self.sinks.failed("spans", exc)
-            sinks(rec)
-        if message.in_flight != worker.in_flight:
-            worker.in_flight = message.in_flight
-            self._sum_in_flight()
+    @staticmethod
+    def _answered(worker: _Worker, ask: int, body: Any) -> None:
+        asked = worker.asks.pop(ask, None)
+        if asked is not None and not asked.done():
+            asked.set_result(body)
 
-    async def running(self, want: str | None = None) -> list[InFlight]:
-        """The live view's question to every worker: what is in flight now (with `want`, that
-        request only). Asked when the page polls, never otherwise; a worker slower than
-        `ASK_TIMEOUT` is left out of this answer."""
-        only = None
-        if want is not None and want.startswith("w") and "-live-" in want:  # a key of ours, not a trace id
-            index, _, want = want[1:].partition("-")
-            only = int(index) if index.isdigit() else -1
+    async def ask(
+        self,
+        what: str,
+        *,
+        query: Callable[[int, int], Query] | None = None,
+        key: str = "",
+        only: int | None = None,
+    ) -> list[tuple[int, int, Any]]:
+        """Ask every serving worker (or worker `only`) `what` (see `messages.Ask`; `query(index,
+        pid)`: its query); (index, pid, answer) of those that answered within `ASK_TIMEOUT`."""
         loop = asyncio.get_running_loop()
         asked = []
         for w in self.group.workers:
-            if w.writer is None or w.writer.is_closing() or not w.ready or only not in (None, w.index):
+            if w.writer is None or w.writer.is_closing() or not w.ready or w.proc is None:
+                continue
+            if only is not None and w.index != only:
                 continue
             self._asked += 1
             w.asks[self._asked] = future = loop.create_future()
-            w.writer.write(encode(AskInFlight(self._asked, want)))
-            asked.append((w, self._asked, future))
+            pid = w.proc.pid
+            w.writer.write(encode(Ask(self._asked, what, None if query is None else query(w.index, pid), key)))
+            asked.append((w, pid, self._asked, future))
         if not asked:
             return []
-        await asyncio.wait([future for _, _, future in asked], timeout=ASK_TIMEOUT)
-        out: list[InFlight] = []
-        for w, n, future in asked:
+        await asyncio.wait([future for *_, future in asked], timeout=ASK_TIMEOUT)
+        out = []
+        for w, pid, n, future in asked:
             w.asks.pop(n, None)
             if future.done() and not future.cancelled():
-                # Trace ids are unique across the group; the keys of untraced requests get the worker's index.
-                out.extend(
-                    f if f.trace_id else dataclasses.replace(f, id=f"w{w.index}-{f.id}") for f in future.result()
-                )
-        out.sort(key=lambda f: f.started)
+                out.append((w.index, pid, future.result()))
         return out
 
-    def _sum_in_flight(self) -> None:
-        gauge = self.group.metrics.in_flight
-        totals = {key: 0.0 for key in list(gauge.children)}
-        for w in self.group.workers:
-            for key, n in w.in_flight.items():
-                totals[key] = totals.get(key, 0.0) + n
-        for key, n in totals.items():
-            gauge.labels(*key).set(n)
+    async def refresh(self) -> None:
+        """Every worker's metrics' changes until now applied (a worker slower than `ASK_TIMEOUT`:
+        as of its last report)."""
+        await self.ask("metrics")
 
     async def _talk(self, worker: _Worker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The channel to the worker in the slot, from its Hello until it closes."""
@@ -282,7 +243,7 @@ class _Supervisor:
             workers = len(self.group.workers)
             settings["mirror_max_per_minute"] = worker_share(self.settings.mirror_max_per_minute, worker.index, workers)
             settings["mirror_concurrency"] = worker_share(self.settings.mirror_concurrency, worker.index, workers)
-        writer.write(encode(Start(settings, worker.index, self.ship_spans, self.channel_bound)))
+        writer.write(encode(Start(settings, worker.index, worker.instance, self.channel_bound)))
         while (message := await receive(reader)) is not None:
             self._apply(worker, message)
 
@@ -332,11 +293,7 @@ class _Supervisor:
             worker.asks.clear()
             worker.ready = False
             self._count_lost(worker)
-            worker.in_flight = {}
-            worker.dropped = 0
-            worker.sink_errors = {}
-            worker.mirror_dropped = {}
-            self._sum_in_flight()
+            self.merge.release(worker.held)  # its successor's counts start from 0
             if self.group.stopping:
                 return
             how = f"signal {-returncode}" if returncode < 0 else f"status {returncode}"
@@ -352,13 +309,10 @@ class _Supervisor:
 async def supervising(
     settings: Settings | Config,
     *,
-    on_record: Callable[[RequestRecord], None] | None = None,
     registry: CollectorRegistry | None = None,
     env: Mapping[str, str] | None = None,
     ready_timeout: float = 60.0,
     worker_command: Sequence[str] = (sys.executable, "-m", "proxy.workers.worker"),
-    meter_provider: MetricPipeline | None = None,
-    tracing: Tracing | None = None,
     channel_bound: int = CHANNEL_BOUND,
     shutdown: Shutdown | None = None,
 ) -> AsyncIterator[Group]:
@@ -366,10 +320,11 @@ async def supervising(
     `settings`: as given, or the configuration already loaded from them (`proxy.config.config`).
 
     Yields once every worker is serving (or `ready_timeout` passed: /readyz then says so).
+    `registry`: where the group's `taotrace_*` families are registered too (tests read them).
+    `env`: the workers' environment (their `OTEL_*`: each builds its spans' and OTLP metrics'
+    exporters; checked here first, so one that cannot be set up stops the start, as in one process).
     `worker_command` runs one worker (its socket's fd is appended); benchmarks wrap it.
-    `tracing` / `meter_provider`: where the group's spans and OTLP metrics go (by
-    default, built from `env`'s `OTEL_*`); one passed in is not shut down.
-    `channel_bound`: bytes of messages each worker holds for this supervisor before it drops records.
+    `channel_bound`: bytes of messages each worker holds for this supervisor before it holds its reports back.
     `shutdown`: the signals, heard from the start: a first one ends the wait for the workers
     (a worker that never gets ready must not make Ctrl-C wait for `ready_timeout`), a second
     cuts the drain at once."""
@@ -387,50 +342,35 @@ async def supervising(
         metrics_socks = bind(
             settings.metrics_host, settings.metrics_port, port_flag="--metrics-port", host_flag="--metrics-host"
         )
-        reporting = Reporting(
-            config, on_record=on_record, registry=registry, tracing=tracing,
-            meter_provider=meter_provider, env=env, serving=False,  # this loop only takes records
-        )  # fmt: skip
+        resource = check_tracing(env)  # what each worker will make of OTEL_*: a TracingError stops here
         host, port = reserved[0].getsockname()[:2]
-        group = Group(http_url(host, port), "", reporting.metrics, _slots(settings.workers, reporting.spans))
+        slots = [_Worker(i, instance_id(i, resource.attributes)) for i in range(settings.workers)]
+        group = Group(http_url(host, port), "", metrics_for(config, registry), slots)
         # One salt of taotrace.key.id for the group: workers drawing their own would give a key one id per worker.
         worker_settings = settings.model_copy(update={"port": port, "key_salt": config.accounting.key_salt})
-        supervisor = _Supervisor(
-            worker_settings, group, reporting.observers, env, worker_command, reporting.spans, channel_bound
-        )
-        slots: list[asyncio.Future[None]] = []
+        supervisor = _Supervisor(worker_settings, group, env, worker_command, channel_bound)
+        group.refresh = supervisor.refresh
+        live = GroupLive(supervisor.ask, settings.ui_requests) if settings.ui else None
+        port_ = MetricsPort()
+        running: list[asyncio.Future[None]] = []
         try:
-            await reporting.start(
-                metrics_socks,
-                readiness=group.readiness,
-                in_flight=lambda: int(sum(n for w in group.workers for n in w.in_flight.values())),
-                active=supervisor.running,  # what runs now, asked of the workers when the page polls
+            await port_.start(
+                metrics_socks, config, group.metrics.registry.pages, group.readiness, live, refresh=supervisor.refresh
             )
-            group.metrics_url, group.metrics_addresses = reporting.metrics_url, reporting.metrics_addresses
-            slots += [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
+            group.metrics_url, group.metrics_addresses = port_.url, port_.addresses
+            running += [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
             deadline = time.monotonic() + ready_timeout
             while group.readiness() != "ready" and time.monotonic() < deadline:
-                if all(s.done() for s in slots) or (shutdown is not None and shutdown.requested.is_set()):
+                if all(s.done() for s in running) or (shutdown is not None and shutdown.requested.is_set()):
                     break
                 await asyncio.sleep(0.02)
             yield group
         finally:
-            await _stop(group, slots, settings.drain_seconds + KILL_GRACE, None if shutdown is None else shutdown.now)
-            await reporting.close(hurried=group.hurried)
+            await _stop(group, running, settings.drain_seconds + KILL_GRACE, None if shutdown is None else shutdown.now)
+            await port_.close()
     finally:
         for sock in reserved + metrics_socks:
             sock.close()
-
-
-def _slots(workers: int, spans: Spans) -> list[_Worker]:
-    """The group's slots; each worker's spans leave under the group's resource with its own instance id."""
-    base = spans.tracing.resource
-    return [
-        _Worker(
-            i, Resource({**base.attributes, "service.instance.id": instance_id(i, base.attributes)}, base.schema_url)
-        )
-        for i in range(workers)
-    ]
 
 
 async def _stop(group: Group, slots: Sequence[asyncio.Future[None]], limit: float, now: asyncio.Event | None) -> None:

@@ -2,10 +2,15 @@
 
 It says Hello to the supervisor on the socket FD (its version: a supervisor of other code refuses
 it), is told how to serve (`Start`), then runs the proxy port (`proxy.server.serving`) on the shared
-port (SO_REUSEPORT) with a `Shipper` in place of local metrics: finished records and the
-in-flight counts go to the supervisor, which aggregates them and serves /metrics. A worker never
-renders exposition text, and never blocks on the supervisor: what it cannot send is bounded
-(`Start.max_buffered`), and past that it drops records and says how many.
+port (SO_REUSEPORT) with its own reporting, as one process has it (`Reporting`, without the
+metrics port): it records its requests' metrics, keeps its live view, and starts, ends and
+exports its spans and OTLP metrics itself, under its own `service.instance.id`. The supervisor
+gets no record: a `Reporter` sends it the metrics' changes every `REPORT_SECONDS` and when
+/metrics is scraped, and the live view's questions are answered from this process's `LiveView`.
+
+A worker never blocks on the supervisor: while `Start.max_buffered` bytes or more wait unsent,
+it sends no report (the next one carries the changes: nothing is lost) and answers no question
+(the supervisor stops waiting for it).
 
 It stops on SIGTERM (drain, as one process does; a second SIGTERM cuts), and also when the
 supervisor goes away (its end of the socket closes), so a killed supervisor leaves no orphans.
@@ -22,128 +27,88 @@ import signal
 import socket
 import sys
 from contextlib import suppress
+from typing import Any
 
 from proxy.config.config import load
 from proxy.config.settings import Settings
 from proxy.exchange.inflight import InFlightRequests
-from proxy.exchange.record import RequestRecord
-from proxy.reporting.reporting import spans_for
+from proxy.reporting.reporting import Reporting
 from proxy.server.lifecycle import LOOP_SWITCH_INTERVAL, Shutdown, configure_logging, run_loop, settle_heap
 from proxy.server.listen import bind
 from proxy.server.serving import serving
-from proxy.telemetry.exposition import Counter, Gauge, Registry
-from proxy.telemetry.tracing import build_tracing
-from proxy.workers.binning import binned
+from proxy.telemetry.metrics import Metrics
+from proxy.ui.live import LiveView
 from proxy.workers.channel import encode, encode_hello, receive
-from proxy.workers.messages import SCHEMA, VERSION, AskInFlight, Hello, InFlightAnswer, Ready, Records, Start
+from proxy.workers.deltas import Changes
+from proxy.workers.messages import SCHEMA, VERSION, Answer, Ask, Hello, Ready, Report, Start
 
-__all__ = ["Shipper", "main"]
+__all__ = ["REPORT_SECONDS", "Reporter", "main"]
 
 log = logging.getLogger("taotrace")
-GAUGE_PERIOD = 0.25  # seconds: in-flight counts reach the supervisor this often when they change
-# Records wait at most BATCH_DELAY to travel together, or go as soon as BATCH_RECORDS wait: each
-# message costs the supervisor a wake-up and a read on top of its records (see docs/performance.md).
-BATCH_DELAY = 0.005
-BATCH_RECORDS = 128
-FINAL_FLUSH_SECONDS = 2.0  # the last records at exit wait this long at most for the supervisor to read
+# The metrics' changes reach the supervisor this often (and at each scrape): a request that
+# starts less than this before its worker dies may be in no count (docs/deploy.md).
+REPORT_SECONDS = 0.25
+FINAL_FLUSH_SECONDS = 2.0  # the last report at exit waits this long at most for the supervisor to read
 
 
-class Shipper:
-    """The worker's `Recorder`: records are batched (`BATCH_DELAY`, `BATCH_RECORDS`) and written
-    to the supervisor; the in-flight gauge is kept locally and sent as absolute counts.
+class Reporter:
+    """What a worker sends its supervisor: its metrics' changes (`Changes`), never blocking."""
 
-    Never blocks and never grows without bound: while `max_buffered` bytes or more wait unsent
-    (a supervisor that stopped reading), a batch is dropped instead, and `dropped` counts its
-    records; the count travels with the next batch that is sent. `--mirror` copies a cap
-    refused are counted here too (`mirror_dropped`) and travel the same way."""
-
-    sink_name = "workers_ship"
-
-    def __init__(self, writer: asyncio.StreamWriter, max_buffered: int, *, binning: bool = False) -> None:
-        """`binning`: long series are binned here (`binning.py`), which takes work off a supervisor
-        that several workers share; with one worker (`--telemetry-process`) the supervisor has CPU
-        to spare, and binning would only add to the serving loop's."""
+    def __init__(self, writer: asyncio.StreamWriter, metrics: Metrics, max_buffered: int) -> None:
         self.writer = writer
         self.max_buffered = max_buffered
-        self.binning = binning
-        self.in_flight = Gauge(
-            "taotrace_in_flight_requests", "Requests being forwarded now.", ("upstream", "api"), registry=Registry()
-        )
-        self.dropped = 0
-        # The observers' failures are counted here; the counts travel to the supervisor.
-        self.sink_errors = Counter("taotrace_sink_errors", "Sink failures.", ("sink",), registry=Registry())
-        self.mirror_drops: dict[str, int] = {}
-        self._pending: list[RequestRecord] = []
-        self._due: asyncio.Handle | None = None  # the flush of the records pending
-        self._sent_gauge: dict[tuple[str, ...], float] = {}
-        self._sent_dropped = 0
-        self._sent_errors: dict[str, float] = {}
-        self._sent_mirror_drops: dict[str, int] = {}
-
-    def record(self, rec: RequestRecord) -> None:
-        pending = self._pending
-        pending.append(binned(rec) if self.binning else rec)  # here, one by one: a batch's flush stays short
-        if len(pending) == 1:
-            self._due = asyncio.get_running_loop().call_later(BATCH_DELAY, self.flush)
-        elif len(pending) == BATCH_RECORDS:  # a full batch goes on the next turn of the loop
-            if self._due is not None:
-                self._due.cancel()
-            self._due = asyncio.get_running_loop().call_soon(self.flush)
-
-    def mirror_dropped(self, reason: str) -> None:
-        """A `--mirror` copy a cap refused (`serving`'s hook): sent with the next batch, or with
-        the in-flight counts within `GAUGE_PERIOD`."""
-        self.mirror_drops[reason] = self.mirror_drops.get(reason, 0) + 1
-
-    def _gauge(self) -> dict[tuple[str, ...], float]:
-        return {key: child.value for key, child in list(self.in_flight.children.items())}
+        self.changes = Changes(metrics)
 
     def buffered(self) -> int:
         """Bytes written and not yet taken by the socket."""
         return self.writer.transport.get_write_buffer_size()
 
-    def _errors(self) -> dict[str, float]:
-        return {key[0]: child.value for key, child in list(self.sink_errors.children.items()) if child.value}
+    def open(self) -> bool:
+        """Whether a message can be written now (the supervisor reads, within the bound)."""
+        return not self.writer.is_closing() and self.buffered() < self.max_buffered
 
-    def flush(self) -> None:
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
-        records, self._pending = self._pending, []
-        gauge, errors = self._gauge(), self._errors()
-        drops = self.mirror_drops
-        if (
-            not records
-            and gauge == self._sent_gauge
-            and self.dropped == self._sent_dropped
-            and errors == self._sent_errors
-            and drops == self._sent_mirror_drops
-        ):
-            return
-        if self.writer.is_closing():
-            return
-        if self.buffered() >= self.max_buffered:
-            self.dropped += len(records)  # the gauge and the count go with the next batch that fits
-            return
-        self._sent_gauge, self._sent_dropped = gauge, self.dropped
-        self._sent_errors, self._sent_mirror_drops = errors, dict(drops)
-        self.writer.write(encode(Records(records, gauge, self.dropped, errors, dict(drops))))
+    def report(self, ask: int = 0) -> None:
+        """The changes since the last report, unless there are none (and no Ask waits for them)."""
+        if not self.open():
+            return  # held back: the next report carries them
+        changes = self.changes.take()
+        if changes or ask:
+            self.writer.write(encode(Report(changes, ask)))
 
-    async def keep_gauge_fresh(self) -> None:
-        """In-flight counts change when requests start, not only when they end."""
+    async def every(self, seconds: float) -> None:
         while True:
-            await asyncio.sleep(GAUGE_PERIOD)
-            self.flush()
+            await asyncio.sleep(seconds)
+            self.report()
 
 
-async def _answer(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: InFlightRequests, shipper: Shipper
-) -> None:
-    """Answer the supervisor's questions until it goes away: what is in flight (the live view)."""
+async def _live_answer(live: LiveView | None, ask: Ask) -> Any:
+    """What this process's live view answers to `ask` (None without one)."""
+    if live is None:
+        return None
+    if ask.what == "requests" and ask.query is not None:
+        return await live.requests(ask.query)
+    if ask.what == "request":
+        return await live.request(ask.key)
+    if ask.what == "pair":
+        return await live.pair(ask.key)
+    if ask.what == "summary":
+        now = live.clock()
+        return {"window": live.window.state(now), "pairs": live.pairs.state(now), "in_flight": live.in_flight()}
+    return None
+
+
+async def _answer(reader: asyncio.StreamReader, reporter: Reporter, live: LiveView | None) -> None:
+    """Answer the supervisor's questions until it goes away."""
     while (message := await receive(reader)) is not None:
+        if not isinstance(message, Ask):
+            continue
+        if message.what == "metrics":
+            reporter.report(message.ask)
+            continue
+        body = await _live_answer(live, message)
         # An answer the supervisor would not read in time (it waits 0.5 s) is not queued either.
-        if isinstance(message, AskInFlight) and not writer.is_closing() and shipper.buffered() < shipper.max_buffered:
-            writer.write(encode(InFlightAnswer(message.ask, requests.snapshot(message.want))))
+        if reporter.open():
+            reporter.writer.write(encode(Answer(message.ask, body)))
 
 
 async def _serve(sock: socket.socket) -> None:
@@ -157,23 +122,27 @@ async def _serve(sock: socket.socket) -> None:
     sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
     # The group's port, bound by each worker with SO_REUSEPORT (the supervisor holds it too).
     socks = bind(settings.host, settings.port, port_flag="--port", host_flag="--host", backlog=2048, reuse_port=True)
-    shipper = Shipper(writer, start.max_buffered, binning=settings.workers > 1)
     shutdown = Shutdown().install()  # first signal: drain; second: cut (as one process)
-    gauge = asyncio.ensure_future(shipper.keep_gauge_fresh())
+    reporter: Reporter | None = None
+    reports: asyncio.Future[None] | None = None
+    reporting: Reporting | None = None
     try:
         config = load(settings)  # the group's key salt is in the settings
-        # Spans are started here (ids, sampling, traceparent) and finished by the supervisor, or not at all.
-        spans = spans_for(config, build_tracing(export=False), ship=start.ship_spans)
+        reporting = Reporting(config, instance=start.instance)
+        reporter = Reporter(writer, reporting.metrics, start.max_buffered)
         requests = InFlightRequests()
+        await reporting.start((), readiness=lambda: "ready", in_flight=lambda: len(requests.tasks), active=requests.ask)
+        reports = asyncio.ensure_future(reporter.every(REPORT_SECONDS))
+        metrics = reporting.metrics
         async with serving(
-            config, socks, requests, spans=spans, recorder=shipper, observers=(),
-            stop_now=shutdown.now, mirror_dropped=shipper.mirror_dropped,
+            config, socks, requests, spans=reporting.spans, recorder=metrics, observers=reporting.observers,
+            stop_now=shutdown.now, mirror_dropped=lambda reason: metrics.mirror.dropped.labels(reason).inc(),
             who=f"worker {start.index}, pid {os.getpid()}",
         ) as url:  # fmt: skip
             settle_heap()  # as serve(): start-up objects frozen, young collections rarer
             writer.write(encode(Ready()))
             log.debug("worker %d (pid %d) serving on %s", start.index, os.getpid(), url)
-            orphaned = asyncio.ensure_future(_answer(reader, writer, requests, shipper))  # ends with the supervisor
+            orphaned = asyncio.ensure_future(_answer(reader, reporter, reporting.live))  # ends with the supervisor
             stopped = asyncio.ensure_future(shutdown.wait())
             await asyncio.wait((orphaned, stopped), return_when=asyncio.FIRST_COMPLETED)
             if orphaned.done():
@@ -182,8 +151,12 @@ async def _serve(sock: socket.socket) -> None:
     finally:
         for s in socks:
             s.close()
-        gauge.cancel()
-        shipper.flush()
+        if reports is not None:
+            reports.cancel()
+        if reporter is not None:
+            reporter.report()  # what the drain's last requests added
+        if reporting is not None:
+            await reporting.close(hurried=shutdown.now.is_set())  # spans and OTLP metrics flushed
         with suppress(ConnectionError, asyncio.TimeoutError):
             await asyncio.wait_for(writer.drain(), FINAL_FLUSH_SECONDS)  # a stopped supervisor never reads
         writer.close()

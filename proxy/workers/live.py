@@ -1,0 +1,148 @@
+"""The live view of a group (a `LiveSource`): each worker keeps its own (`proxy.ui.LiveView`), and
+the supervisor asks them when the page polls, then merges what they answer.
+
+    requests   each worker's newest rows that match, newer than what the page has of that worker
+               (the page's `since` is a cursor minted here, mapping to each worker's own sequence
+               number), merged newest first; the requests in flight likewise
+    request    the worker whose id it is (an untraced request's is `w<index>-<its own id>`), or
+               each until one has it (a trace id)
+    pair       each until one has it (a request and its mirror copy are served by one worker)
+    summary    each worker's 15-minute buckets and matched pairs, merged as counts and histograms
+               (`Window.merge`): percentiles are read from the merged histograms, as one window
+               fed every request would give them
+
+A worker that does not answer within the supervisor's wait is left out of that answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from proxy.ui.pairs import Pairs
+from proxy.ui.ring import Query
+from proxy.ui.summary import Window
+
+__all__ = ["CURSORS_KEPT", "GroupLive"]
+
+CURSORS_KEPT = 1024  # `since` values the group remembers: each poll of each open page makes one
+
+
+class Ask(Protocol):
+    """The supervisor's question to its workers: (index, pid, answer) of each that answered."""
+
+    def __call__(
+        self,
+        what: str,
+        *,
+        query: Callable[[int, int], Query] | None = None,
+        key: str = "",
+        only: int | None = None,
+    ) -> Awaitable[list[tuple[int, int, Any]]]: ...
+
+
+def _named(index: int, body: dict[str, Any], traced: str | None) -> dict[str, Any]:
+    """`body` with its id unique across the group: an untraced request's gets the worker's index."""
+    if not traced:
+        body["id"] = f"w{index}-{body['id']}"
+    return body
+
+
+def _detail(index: int, body: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if body is None else _named(index, body, body["record"].get("trace_id"))
+
+
+class GroupLive:
+    """A `LiveSource` for a group's metrics port."""
+
+    def __init__(self, ask: Ask, capacity: int, clock: Callable[[], float] = time.time) -> None:
+        self._ask = ask
+        self._capacity = capacity
+        self.clock = clock
+        # cursor -> (worker index, pid) -> the last sequence number of that worker the page has
+        self._cursors: OrderedDict[int, dict[tuple[int, int], int]] = OrderedDict()
+        self._minted = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    async def requests(self, query: Query) -> dict[str, Any]:
+        known = self._cursors.get(query.since) if query.since else {}
+        # A cursor forgotten (or of another start): nothing new this time rather than rows twice.
+        seen: dict[tuple[int, int], int] = {} if known is None else known
+        forgotten = known is None
+
+        def asked(index: int, pid: int) -> Query:
+            since = 2**62 if forgotten else seen.get((index, pid), 0)
+            return dataclasses.replace(query, since=since)
+
+        answers = await self._ask("requests", query=asked)
+        rows: list[dict[str, Any]] = []
+        running: list[dict[str, Any]] = []
+        apis: set[str] = set()
+        models: set[str] = set()
+        size = 0
+        now = dict(seen)
+        for index, pid, body in answers:
+            if body is None:
+                continue
+            rows += (_named(index, r, r["trace_id"]) for r in body["requests"])
+            running += (_named(index, r, r["trace_id"]) for r in body["in_flight"])
+            apis.update(body["apis"])
+            models.update(body["models"])
+            size += body["size"]
+            now[(index, pid)] = body["last_seq"]
+        rows.sort(key=lambda r: r["time"], reverse=True)
+        running.sort(key=lambda r: r["started"], reverse=True)
+        return {
+            "in_flight": running[: query.limit],
+            "requests": rows[: query.limit],
+            "last_seq": self._mint(now),
+            "capacity": self._capacity,
+            "size": min(size, self._capacity),
+            "apis": sorted(apis),
+            "models": sorted(models),
+        }
+
+    def _mint(self, seen: dict[tuple[int, int], int]) -> int:
+        self._minted += 1
+        self._cursors[self._minted] = seen
+        while len(self._cursors) > CURSORS_KEPT:
+            self._cursors.popitem(last=False)
+        return self._minted
+
+    async def request(self, id_: str) -> dict[str, Any] | None:
+        only = None
+        if id_.startswith("w") and "-" in id_:  # a key of ours, not a trace id
+            index, _, id_ = id_[1:].partition("-")
+            only = int(index) if index.isdigit() else -1
+        for worker, _pid, body in await self._ask("request", key=id_, only=only):
+            if body is not None:
+                return _detail(worker, body)
+        return None
+
+    async def pair(self, pair_id: str) -> dict[str, Any] | None:
+        for index, _pid, body in await self._ask("pair", key=pair_id):
+            if body is not None:
+                body["request"] = _detail(index, body["request"])
+                body["mirror"] = _detail(index, body["mirror"])
+                return dict(body)
+        return None
+
+    async def summary(self) -> dict[str, Any]:
+        window, pairs, in_flight = Window(), Pairs(), 0
+        for _index, _pid, body in await self._ask("summary"):
+            if body is not None:
+                window.merge(body["window"])
+                pairs.merge(body["pairs"])
+                in_flight += body["in_flight"]
+        now = self.clock()
+        merged = window.snapshot(now)
+        merged["pairs"] = pairs.snapshot(now)
+        merged["in_flight"] = in_flight
+        merged["experiments"] = None
+        return merged
