@@ -119,7 +119,7 @@ async def test_at_rest_every_count_is_the_requests_served_to_the_request(slow_up
 
         await eventually(at_rest)
         samples = await scrape(group)
-        await asyncio.sleep(0.6)  # more report periods: nothing is added twice
+        await asyncio.sleep(1.2)  # another report period: nothing is added twice
         assert await scrape(group) == samples
     for n in set(lengths):
         labels = (("api", "chat_completions"), ("model", f"m{n}"), UP)

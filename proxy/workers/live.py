@@ -3,7 +3,8 @@ the supervisor asks them when the page polls, then merges what they answer.
 
     requests   each worker's newest rows that match, newer than what the page has of that worker
                (the page's `since` is a cursor minted here, mapping to each worker's own sequence
-               number), merged newest first; the requests in flight likewise
+               number), merged newest first; the requests in flight likewise. A worker sends each
+               row as its JSON, which is put in the answer as it came (never decoded here)
     request    the worker whose id it is (an untraced request's is `w<index>-<its own id>`), or
                each until one has it (a trace id)
     pair       each until one has it (a request and its mirror copy are served by one worker)
@@ -20,7 +21,10 @@ import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import Any, Protocol
+
+import orjson
 
 from proxy.ui.pairs import Pairs
 from proxy.ui.ring import Query
@@ -81,8 +85,8 @@ class GroupLive:
             return dataclasses.replace(query, since=since)
 
         answers = await self._ask("requests", query=asked)
-        rows: list[dict[str, Any]] = []
-        running: list[dict[str, Any]] = []
+        rows: list[tuple[float, bytes]] = []  # (finished, its JSON)
+        running: list[tuple[float, bytes]] = []  # (started, its JSON)
         apis: set[str] = set()
         models: set[str] = set()
         size = 0
@@ -90,17 +94,17 @@ class GroupLive:
         for index, pid, body in answers:
             if body is None:
                 continue
-            rows += (_named(index, r, r["trace_id"]) for r in body["requests"])
-            running += (_named(index, r, r["trace_id"]) for r in body["in_flight"])
+            rows += body["requests"]
+            running += body["in_flight"]
             apis.update(body["apis"])
             models.update(body["models"])
             size += body["size"]
             now[(index, pid)] = body["last_seq"]
-        rows.sort(key=lambda r: r["time"], reverse=True)
-        running.sort(key=lambda r: r["started"], reverse=True)
+        rows.sort(key=itemgetter(0), reverse=True)
+        running.sort(key=itemgetter(0), reverse=True)
         return {
-            "in_flight": running[: query.limit],
-            "requests": rows[: query.limit],
+            "in_flight": [orjson.Fragment(r) for _, r in running[: query.limit]],
+            "requests": [orjson.Fragment(r) for _, r in rows[: query.limit]],
             "last_seq": self._mint(now),
             "capacity": self._capacity,
             "size": min(size, self._capacity),

@@ -29,6 +29,8 @@ import sys
 from contextlib import suppress
 from typing import Any
 
+import orjson
+
 from proxy.config.config import load
 from proxy.config.settings import Settings
 from proxy.exchange.inflight import InFlightRequests
@@ -47,7 +49,7 @@ __all__ = ["REPORT_SECONDS", "Reporter", "main"]
 log = logging.getLogger("taotrace")
 # The metrics' changes reach the supervisor this often (and at each scrape): a request that
 # starts less than this before its worker dies may be in no count (docs/deploy.md).
-REPORT_SECONDS = 0.25
+REPORT_SECONDS = 1.0
 FINAL_FLUSH_SECONDS = 2.0  # the last report at exit waits this long at most for the supervisor to read
 
 
@@ -81,12 +83,24 @@ class Reporter:
             self.report()
 
 
-async def _live_answer(live: LiveView | None, ask: Ask) -> Any:
+def _rows(rows: list[dict[str, Any]], when: str, index: int) -> list[tuple[float, bytes]]:
+    """Rows as the supervisor merges them: (`when`, the row's JSON), the JSON written here once,
+    with an id unique in the group (an untraced request's gets this worker's index)."""
+    for r in rows:
+        if not r["trace_id"]:
+            r["id"] = f"w{index}-{r['id']}"
+    return [(r[when], orjson.dumps(r)) for r in rows]
+
+
+async def _live_answer(live: LiveView | None, ask: Ask, index: int) -> Any:
     """What this process's live view answers to `ask` (None without one)."""
     if live is None:
         return None
     if ask.what == "requests" and ask.query is not None:
-        return await live.requests(ask.query)
+        body = await live.requests(ask.query)
+        body["requests"] = _rows(body["requests"], "time", index)
+        body["in_flight"] = _rows(body["in_flight"], "started", index)
+        return body
     if ask.what == "request":
         return await live.request(ask.key)
     if ask.what == "pair":
@@ -97,7 +111,7 @@ async def _live_answer(live: LiveView | None, ask: Ask) -> Any:
     return None
 
 
-async def _answer(reader: asyncio.StreamReader, reporter: Reporter, live: LiveView | None) -> None:
+async def _answer(reader: asyncio.StreamReader, reporter: Reporter, live: LiveView | None, index: int) -> None:
     """Answer the supervisor's questions until it goes away."""
     while (message := await receive(reader)) is not None:
         if not isinstance(message, Ask):
@@ -105,7 +119,7 @@ async def _answer(reader: asyncio.StreamReader, reporter: Reporter, live: LiveVi
         if message.what == "metrics":
             reporter.report(message.ask)
             continue
-        body = await _live_answer(live, message)
+        body = await _live_answer(live, message, index)
         # An answer the supervisor would not read in time (it waits 0.5 s) is not queued either.
         if reporter.open():
             reporter.writer.write(encode(Answer(message.ask, body)))
@@ -142,7 +156,7 @@ async def _serve(sock: socket.socket) -> None:
             settle_heap()  # as serve(): start-up objects frozen, young collections rarer
             writer.write(encode(Ready()))
             log.debug("worker %d (pid %d) serving on %s", start.index, os.getpid(), url)
-            orphaned = asyncio.ensure_future(_answer(reader, reporter, reporting.live))  # ends with the supervisor
+            orphaned = asyncio.ensure_future(_answer(reader, reporter, reporting.live, start.index))  # ends with it
             stopped = asyncio.ensure_future(shutdown.wait())
             await asyncio.wait((orphaned, stopped), return_when=asyncio.FIRST_COMPLETED)
             if orphaned.done():

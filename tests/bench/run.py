@@ -7,9 +7,7 @@
 Everything runs on loopback. The bench upstream (`upstream.py`), the OTLP sink and this client
 share core 0; the proxy under test gets core 1 to itself (`taskset`), except the two-worker arms
 (`taotrace-w2`: `--workers 2`; `nginx-w2`: `worker_processes 2`), which get both cores and so
-share core 0 with the load. `taotrace-tp` (`--telemetry-process`: one serving worker, spans
-built and exported by the supervisor) is one process group on core 1, like `taotrace`: the same
-core, the telemetry off the serving process's GIL. `taotrace-mirror` is `taotrace` with `--mirror`
+share core 0 with the load. `taotrace-mirror` is `taotrace` with `--mirror`
 at ratio 1 and its caps lifted (`--mirror-concurrency 1000`): every request also copied, in the
 same process on core 1, to a second bench upstream on core 0; set beside `taotrace` (mirroring
 off, the same code otherwise), its added TTFT says what mirroring costs the client, and its CPU
@@ -62,7 +60,7 @@ from samples import batch_spread, first_token_lags, lag_summary, pct, proxy_firs
 PY = sys.executable
 LOAD_CPU, PROXY_CPU = "0", "1"
 ARM_ORDER = (
-    "direct", "nginx", "nginx-w2", "taotrace", "taotrace-mirror", "taotrace-tp", "taotrace-w2", "taotrace-metrics",
+    "direct", "nginx", "nginx-w2", "taotrace", "taotrace-mirror", "taotrace-w2", "taotrace-metrics",
     "taotrace-noexport", "taotrace-baseline", "litellm",
 )  # fmt: skip
 BOTH_CPUS = "0,1"  # the two-worker arms run on both cores (beside the load generator on core 0)
@@ -213,7 +211,6 @@ class Bench:
         for name in (
             "taotrace",
             "taotrace-mirror",
-            "taotrace-tp",
             "taotrace-w2",
             "taotrace-metrics",
             "taotrace-noexport",
@@ -332,9 +329,7 @@ class Bench:
             str(mport),
         ]
         if name == "taotrace-w2":
-            argv += ["--workers", "2"]  # spans go to the supervisor too: always so with workers
-        if name == "taotrace-tp":
-            argv += ["--telemetry-process"]
+            argv += ["--workers", "2"]  # each worker exports its own spans
         if name == "taotrace-mirror":  # every request copied: the worst case mirroring can cost
             if not self.mirror_port:
                 self.mirror_port = self._start_upstream("mirror-upstream", env)
@@ -880,9 +875,20 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
     e = bc.get((w2, 128))
     v = e.get("added_ttft_p99_ms") if e else None
     add("[w2] added TTFT p99 @ 128 streams", v, "<= 8 ms", None if v is None else v <= 8.0)
+    one = bc.get((tt, 128), {}).get("added_ttft_p99_ms")
+    ratio = None if v is None or one is None else v - one
+    add(
+        "[w2] added TTFT p99 @ 128 streams, minus one process's",
+        ratio,
+        "<= 0 ms",
+        None if ratio is None else ratio <= 0,
+    )
     a2 = arms.get(w2, {})
     v = a2.get("cpu_fit_us_per_event")
     add("[w2] CPU per forwarded event (marginal)", v, "<= 20 us", None if v is None else v <= 20)
+    base = a.get("cpu_fit_us_per_event")
+    ratio = None if v is None or not base else v / base
+    add("[w2] whole tree's CPU per event / one process's", ratio, "<= 1.05", None if ratio is None else ratio <= 1.05)
     cells = [r for r in result["rows"] if r["arm"] == w2 and r["concurrency"] == 1000]  # type: ignore[union-attr,index]
     if cells:
         streams = sum(r["streams"] for r in cells)
@@ -894,7 +900,7 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
     add(f"[w2] RSS per idle open stream ({plan.hold} held)", v, "<= 24 KiB", None if v is None else v <= 24)
     # issue 15, telemetry off the serving thread's back: the proxy's first-token stamp against the
     # upstream's own write, and what exporting spans adds to the one-stream tail
-    for arm, tag in (("taotrace", ""), ("taotrace-tp", "[tp] "), ("taotrace-w2", "[w2] ")):
+    for arm, tag in (("taotrace", ""), ("taotrace-w2", "[w2] ")):
         for conc in (1, 32):
             lag = bc.get((arm, conc), {}).get("first_token_lag") or {}
             for q in ("p95", "p99"):
@@ -907,7 +913,7 @@ def targets(result: dict[str, object], plan: Plan) -> list[dict[str, object]]:
                 )
     # "within 0.2 ms of export off": a distance. Export on far below off is the host's noise, not a pass.
     off = bc.get(("taotrace-noexport", 1), {})
-    for arm, tag in ((tt, ""), ("taotrace-tp", "[tp] ")):
+    for arm, tag in ((tt, ""),):
         on = bc.get((arm, 1), {})
         a, b = on.get("added_ttft_p99_ms"), off.get("added_ttft_p99_ms")
         v = None if a is None or b is None else a - b
@@ -1062,7 +1068,7 @@ def print_table(result: dict[str, object], meta: dict[str, object]) -> None:
             )
         print("  (direct: what the client and upstream on core 0 can drive; an arm near it is client-bound)")
     print()
-    print("targets (taotrace, telemetry on; [tp]: --telemetry-process; [w2]: --workers 2):")
+    print("targets (taotrace, telemetry on; [w2]: --workers 2):")
     for t in result["targets"]:  # type: ignore[union-attr]
         mark = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
         print(f"  [{mark}] {t['target']}: {fmt(t['value'], 2)} (target {t['limit']})")
