@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from opentelemetry.trace import Link, SpanContext
 
@@ -39,21 +39,36 @@ def model_label(model: str | None) -> str:
     return model or UNKNOWN_MODEL
 
 
-# Not frozen: one is made per traced request on the serving loop, where a frozen dataclass's
-# __init__ (one object.__setattr__ per field) costs several times a plain one's. Nothing mutates it.
-@dataclass(slots=True, kw_only=True)
-class SpanStart:
-    """The request's root span as it was started: the span observer ends it with this context,
-    parent, links and start time, and these attributes."""
+class SpanStart(Protocol):
+    """The request's root span as it was started (the tracer's own, `proxy.telemetry.spans.RootSpan`):
+    the span observer ends it with this context, parent, links and start time, these attributes,
+    and the output text when content is captured."""
 
-    name: str
-    context: SpanContext
-    parent: SpanContext | None  # the client's, when it sent a traceparent
-    start: int  # epoch ns
-    attributes: dict[str, Any]  # as set at start (request attributes, parameters, input if captured)
-    output: str | None = None  # the output text, only with --capture-content
-    output_value: str | None = None  # the answer's plain text (output.value), only with --capture-io-values
-    links: tuple[Link, ...] = ()  # `--parent link`: the caller's span; a --mirror copy's: the request it copies
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def context(self) -> SpanContext: ...
+
+    @property
+    def parent(self) -> SpanContext | None: ...  # the client's, when it sent a traceparent
+
+    @property
+    def start_time(self) -> int: ...  # epoch ns
+
+    @property
+    def links(
+        self,
+    ) -> tuple[Link, ...]: ...  # `--parent link`: the caller's span; a --mirror copy's: the request it copies
+
+    @property
+    def attributes(self) -> dict[str, Any]: ...  # as set at start (request attributes, parameters, input if captured)
+
+    @property
+    def output(self) -> str | None: ...  # the output text, only with --capture-content
+
+    @property
+    def output_value(self) -> str | None: ...  # the answer's plain text (output.value), only with --capture-io-values
 
 
 @dataclass(frozen=True, slots=True)

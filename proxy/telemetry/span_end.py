@@ -84,7 +84,7 @@ class SpanEnd:
             return  # nothing started for export, no exporter here, or nothing to make
         attributes: dict[str, AnyValue] = seed.attributes  # the span's own now
         self._end(
-            processor, seed.name, seed.context, seed.parent, seed.start, seed.links, attributes, rec, seed.output,
+            processor, seed.name, seed.context, seed.parent, seed.start_time, seed.links, attributes, rec, seed.output,
             seed.output_value, offset, self.tracing.resource,
         )  # fmt: skip
 

@@ -48,7 +48,10 @@ class RootSpan:
     need them, so the request went upstream without waiting for them.
     """
 
-    __slots__ = ("name", "context", "parent", "_attributes", "_make", "start_time", "links", "recording")
+    __slots__ = (
+        "name", "context", "parent", "_attributes", "_make", "start_time", "links", "recording", "output",
+        "output_value",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -69,6 +72,8 @@ class RootSpan:
         self.start_time = start_time
         self.links = links
         self.recording = recording
+        self.output: str | None = None  # the output texts, with content capture, once the request ended
+        self.output_value: str | None = None
 
     @property
     def attributes(self) -> dict[str, AnyValue]:
@@ -334,19 +339,12 @@ class Spans:
         exporter, not sampled, or dropped by outcome sampling)."""
         if sampling == "dropped" or not span.recording or self.tracing.processor is None:
             return None
-        ctx = span.context
-        if not ctx.trace_flags.sampled:
+        if not span.context.trace_flags.sampled:
             return None
-        return SpanStart(
-            name=span.name,
-            context=ctx,
-            parent=span.parent,
-            start=span.start_time,
-            attributes=span.attributes,  # the root's own dict: the request is over, nothing else writes it
-            output=output_text if self.capture_content else None,
-            output_value=output_value if self.capture_io_values else None,
-            links=span.links,
-        )
+        if self.capture_content:  # the request is over: nothing else writes the span now
+            span.output = output_text
+            span.output_value = output_value if self.capture_io_values else None
+        return span
 
     def end(self, rec: RequestRecord) -> None:
         """The span observer: the root and its phase children from `rec` (see `SpanEnd.end`)."""
