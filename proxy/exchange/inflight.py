@@ -123,5 +123,5 @@ class InFlightRequests:
         return out
 
     async def ask(self, want: str | None = None) -> list[InFlight]:
-        """`snapshot` as the live view calls it (a group's supervisor has to ask its workers)."""
+        """`snapshot` as the live view calls it (`LiveView.active`: it may have to wait elsewhere)."""
         return self.snapshot(want)

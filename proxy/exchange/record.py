@@ -1,5 +1,5 @@
-"""The record of one finished request: what happened to it, in plain frozen values, handed to
-every observer (metrics, spans, the live view, the access log, a worker's shipper).
+"""The record of one finished request: what happened to it, in frozen values, handed to every
+observer (metrics, spans, the live view, the access log) in the process that served it.
 
 Built once per request, when it ends (`bookkeeping.py`), from what its handler saw, its decided
 `Outcome`, and what the tracer answered when asked once (`Traced`: trace id, outcome sampling,

@@ -49,7 +49,7 @@ __all__ = [
 
 class ProxyMetrics(Protocol):
     """What the proxy port counts itself (the rest comes from records): requests in flight, and
-    the observers' failures (`proxy.telemetry.metrics.Metrics`, or a worker's shipper)."""
+    the observers' failures (`proxy.telemetry.metrics.Metrics`)."""
 
     @property
     def in_flight(self) -> InFlightGauge: ...

@@ -67,14 +67,14 @@ async def serving(
     """Forward on `socks` until the block ends, then drain; yields the proxy's URL.
 
     Each finished request's record goes to the spans (when this process exports them), to
-    `recorder` (`Metrics`, or a worker's shipper to its supervisor), to `observers`, and with
-    --access-log to the access log (each serving process logs its own requests), in that order.
+    `recorder` (`Metrics`), to `observers`, and with --access-log to the access log (each serving
+    process of a group logs, records and exports its own requests), in that order.
     `stop_now`: once set (a second signal), the drain cuts what runs at once. `dialects`: the APIs
     whose requests and answers are read; `mirror_dropped(reason)` counts the `--mirror` copies a
-    cap refused (a worker's go to its supervisor with its records)."""
+    cap refused."""
     settings = config.settings
     consumers: list[Named[RequestRecord]] = []
-    if spans.exporting:  # else the spans are built where the records go (a group's supervisor), or nowhere
+    if spans.exporting:  # else they are started (ids, sampling, the upstream's traceparent) and built nowhere
         consumers.append(Named("spans", spans.end))
     consumers.append(Named(recorder.sink_name, recorder.record))
     consumers.extend(observers)

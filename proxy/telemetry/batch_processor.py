@@ -99,7 +99,7 @@ class BatchSpanProcessor:
         pause: Callable[[], None] | None = release_gil,
     ) -> None:
         """`pause`: called between two batches of one round (by default the GIL is given to the
-        event loop); None where no loop relays streams (a group's supervisor)."""
+        event loop); None where no loop relays streams."""
         if max_queue_size <= 0 or max_export_batch_size <= 0 or schedule_delay <= 0 or export_timeout <= 0:
             raise ValueError("batch processor limits must be positive")
         self.exporter = exporter

@@ -38,7 +38,7 @@ class OtlpSpanExporter:
         pause: Callable[[], None] | None = otlp.release_gil,
     ) -> None:
         """`pause`: called every `otlp.PAUSE_EVERY` spans encoded (by default the GIL is given to
-        the event loop); None where no loop relays streams (a group's supervisor)."""
+        the event loop); None where no loop relays streams."""
         self.settings = settings
         self._pause = pause
         self._delivery = Delivery(settings, "traces", transport, monotonic=monotonic, jitter=jitter)

@@ -116,8 +116,8 @@ class LibrarySpanExporter:
 
     def __init__(self, exporter: LibraryExporter) -> None:
         self.exporter = exporter
-        # Made once per resource and scope (a process has one of each; a group's supervisor one
-        # resource per worker): the SDK's Resource validates its attributes when made. Keyed by
+        # Made once per resource and scope (a process has one of each): the SDK's Resource
+        # validates its attributes when made. Keyed by
         # identity, the object kept beside its conversion so the id is never reused meanwhile.
         self._resources: dict[int, tuple[Resource, SdkResource]] = {}
         self._scopes: dict[int, tuple[Scope, InstrumentationScope]] = {}

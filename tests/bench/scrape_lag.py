@@ -2,7 +2,6 @@
 
     .venv/bin/python tests/bench/scrape_lag.py --workers 1 --seconds 20
     .venv/bin/python tests/bench/scrape_lag.py --workers 2 --seconds 20
-    .venv/bin/python tests/bench/scrape_lag.py --telemetry-process --seconds 20
 
 Starts `taotrace serve` (or its supervisor and workers) in a child process with a probe in every
 serving loop (how late a 5 ms sleep wakes up: the delay any stream's next chunk would see),
@@ -132,7 +131,7 @@ def probed_serve(argv: list[str]) -> None:
         shutdown = Shutdown().install()
         task = asyncio.ensure_future(_sample(lags))
         try:
-            if settings.workers > 1 or settings.telemetry_process:
+            if settings.workers > 1:
                 command = (sys.executable, __file__, "--probed-worker")
                 async with supervisor.supervising(settings, worker_command=command) as group:
                     print("LISTEN", group.proxy_url, group.metrics_url, flush=True)
@@ -151,7 +150,7 @@ def probed_serve(argv: list[str]) -> None:
     try:
         run_loop(main())
     finally:
-        _report(lags, "supervisor" if settings.workers > 1 or settings.telemetry_process else "proxy")
+        _report(lags, "supervisor" if settings.workers > 1 else "proxy")
 
 
 # ---- the load and the scrapes ------------------------------------------------------------------
@@ -166,8 +165,6 @@ async def run(args: argparse.Namespace) -> None:
     upstream = await FakeUpstream(upstream_handler(20, 0.005)).start()
     lag_dir = tempfile.mkdtemp(prefix="taotrace-lag-")
     settings = {"upstream": upstream.url, "port": 0, "metrics_port": 0, "workers": args.workers, "drain_seconds": 1}
-    if args.telemetry_process:  # only when asked: the script also runs older checkouts (A/B)
-        settings["telemetry_process"] = True
     sink = await OTLPSink().start() if args.export else None
     otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url} if sink is not None else {"OTEL_TRACES_EXPORTER": "none"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -217,7 +214,7 @@ async def run(args: argparse.Namespace) -> None:
     proc.send_signal(signal.SIGTERM)
     await proc.wait()
     await upstream.close()
-    mode = f"workers {args.workers}" + (", telemetry process" if args.telemetry_process else "")
+    mode = f"workers {args.workers}"
     exported = f"{len(sink.spans())} spans exported" if sink is not None else "no export"
     if sink is not None:
         await sink.close()
@@ -248,7 +245,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds from one scrape's start to the next")
     parser.add_argument("--no-scrape", dest="scrape", action="store_false", help="the same load without scrapes")
-    parser.add_argument("--telemetry-process", action="store_true", help="one worker, telemetry in the supervisor")
     parser.add_argument(
         "--no-export", dest="export", action="store_false", help="no span export (OTEL_TRACES_EXPORTER=none)"
     )

@@ -41,14 +41,15 @@ PY = sys.executable
 TOKENS = 16
 
 
-async def _pages(metrics: str, scrape_every: float, stop: asyncio.Event) -> dict[str, int]:
-    """Two open pages of the live view and a scraper, until `stop`; how many of each were answered."""
+async def _pages(metrics: str, scrape_every: float, stop: asyncio.Event, pages: bool = True) -> dict[str, int]:
+    """Two open pages of the live view (unless not `pages`) and a scraper, until `stop`; how many
+    of each were answered."""
     done = {"requests": 0, "summary": 0, "scrapes": 0}
     async with aiohttp.ClientSession() as s:
 
         async def requests_page() -> None:
             since = 0
-            while not stop.is_set():
+            while pages and not stop.is_set():
                 params = {"limit": "200", **({"since": str(since)} if since else {})}
                 async with s.get(metrics + "/api/requests", params=params) as r:
                     since = (await r.json())["last_seq"]
@@ -56,7 +57,7 @@ async def _pages(metrics: str, scrape_every: float, stop: asyncio.Event) -> dict
                 await asyncio.sleep(1.0)
 
         async def overview_page() -> None:
-            while not stop.is_set():
+            while pages and not stop.is_set():
                 async with s.get(metrics + "/api/summary") as r:
                     await r.read()
                 done["summary"] += 1
@@ -127,7 +128,7 @@ async def measure(
                         break
                 await asyncio.sleep(0.1)
         stop = asyncio.Event()
-        pages = asyncio.ensure_future(_pages(metrics, args.scrape, stop))
+        pages = asyncio.ensure_future(_pages(metrics, args.scrape, stop, not args.no_pages))
         await _load(port, rate, args.warmup)
         sup0, work0, t0 = cpu_ns([proc.pid]), _children_cpu(proc.pid), time.monotonic()
         ok, failed = await _load(port, rate, args.seconds)
@@ -156,6 +157,7 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--warmup", type=float, default=4.0)
     ap.add_argument("--scrape", type=float, default=5.0, help="seconds between scrapes of /metrics")
+    ap.add_argument("--no-pages", action="store_true", help="no live-view page open (the scraper still scrapes)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--logs", type=Path, default=Path("/tmp/supervisor_cpu"))
     args = ap.parse_args()
@@ -191,7 +193,8 @@ async def main() -> None:
     finally:
         for h in helpers:
             h.stop()
-    print(f"\n--workers {args.workers}, {TOKENS}-token streams, every sink on (median of {args.repeat}):")
+    pages = "no live-view page open" if args.no_pages else "every sink on"
+    print(f"\n--workers {args.workers}, {TOKENS}-token streams, {pages} (median of {args.repeat}):")
     print(f"  {'arm':8} {'rate':>6} {'served/s':>9} {'sup us/req':>11} {'sup us/s':>10} {'workers us/req':>15}")
     for (name, rate), runs in results.items():
 
