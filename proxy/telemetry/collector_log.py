@@ -198,9 +198,10 @@ class CollectorLog(logging.Filter):
 
 
 class _Late(logging.Filter):
-    """After the last flush at exit: an exporter's thread that was given up on (a dead collector
-    outlasts the bounded shutdown) may still log its retries; those records are dropped, as the
-    exit line already said what was lost. Stateless, so one serves every logger and start."""
+    """After the last flush at exit: a library exporter's thread that was given up on (a dead
+    collector outlasts the bounded shutdown) may still log its retries; those records are
+    dropped, as the exit line already said what was lost. On the library's loggers only (ours
+    log nothing once shut down); stateless, so one serves every logger and start."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         template = str(record.msg)
@@ -243,4 +244,5 @@ async def collector_warnings(env: Mapping[str, str], logger: logging.Logger) -> 
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
-            logger.addFilter(_LATE)  # once per logger: the same object is never added twice
+            if logger.name.startswith("opentelemetry."):
+                logger.addFilter(_LATE)  # once per logger: the same object is never added twice
