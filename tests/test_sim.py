@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.dialects import reader_for
+from proxy.dialects import ANSWER, REASONING, reader_for
 from proxy.dialects.sse import SSEDecoder, SSEEvent
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.tools.client import Call, measure
@@ -111,11 +111,14 @@ async def test_every_dialect_reads_back_with_the_proxys_own_rules(
     assert status == 200
     reader = reader_for(api)
     assert reader is not None
-    tokens = sum(reader.feed(e) for e in events if e.data != b"[DONE]")
+    kinds = [reader.feed(e) for e in events if e.data != b"[DONE]"]
+    tokens = sum(1 for kind in kinds if kind)
     reasoning = 64 if model == "o3-mini" else 0  # o3-mini thinks 64 tokens (medium effort) first
     assert reader.usage is not None and reader.usage.output_tokens == 80
     hidden = api == "completions"  # legacy completions never show reasoning
     assert tokens == (80 - reasoning if hidden else 80)
+    assert kinds.count(REASONING) == (0 if hidden else reasoning)  # streamed as reasoning, then the answer
+    assert kinds.count(ANSWER) == 80 - reasoning
     if api != "messages":  # Anthropic counts thinking inside output_tokens only
         assert reader.usage.reasoning_tokens == reasoning
     assert reader.error_type is None
