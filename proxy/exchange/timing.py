@@ -62,13 +62,11 @@ class RequestTiming:
     time_to_last_byte: float | None = None  # the last body bytes written to the client: where a cut stream broke
     # Reasoning (docs/timing.md). Streamed: the answer's first token, the thinking before it, every
     # reasoning run (interleaved thinking) as (start, end) instants. Hidden: only the estimate.
-    first_answer_token: float | None = None  # on the monotonic clock, for spans
     time_to_first_answer_token: float | None = None
     thinking: float | None = None  # first token (a reasoning one) -> first answer token
     thinking_total: float | None = None  # every reasoning run, interleaved ones included
     thinking_spans: tuple[float, ...] = ()  # start, end of each run (the first MAX_THINKING_SPANS)
     reasoning_token_events: int = 0
-    reasoning_tpot: float | None = None  # thinking_total / reasoning token events
     answer_tpot: float | None = None  # the answer's own time per output token
     thinking_estimated: float | None = None  # hidden reasoning: an estimate, never measured
 
@@ -81,7 +79,6 @@ class _Reasoning:
     total: float | None = None
     spans: tuple[float, ...] = ()
     events: int = 0
-    tpot: float | None = None
     answer_tpot: float | None = None
     estimated: float | None = None
 
@@ -231,13 +228,11 @@ class PhaseClock:
             overhead_request=None if self.t_sent is None else self.t_sent_overhead(),
             relay=tuple(self.relay),
             time_to_last_byte=None if last_byte is None else last_byte - t0,
-            first_answer_token=answer,
             time_to_first_answer_token=None if answer is None else answer - t0,
             thinking=r.thinking,
             thinking_total=r.total,
             thinking_spans=r.spans,
             reasoning_token_events=r.events,
-            reasoning_tpot=r.tpot,
             answer_tpot=r.answer_tpot,
             thinking_estimated=r.estimated,
         )
@@ -264,7 +259,7 @@ class PhaseClock:
             thinking = None
             if self._thought_first:  # until the answer began, or (none came) the last token
                 thinking = (last if self.t_first_answer is None else self.t_first_answer) - first
-            return _Reasoning(thinking, total, spans, events, total / events if total > 0 else None, answer_tpot)
+            return _Reasoning(thinking, total, spans, events, answer_tpot)
         estimated = None
         if reported and answer_tpot is not None and self.t_sent is not None:
             # Hidden: the reported reasoning at the answer's own pace, within the wait it hid in.

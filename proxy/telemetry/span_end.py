@@ -49,13 +49,15 @@ def _reasoning_attributes(attrs: dict[str, AnyValue], t: RequestTiming) -> None:
         ("taotrace.answer.tpot", t.answer_tpot),
         ("taotrace.thinking", t.thinking),
         ("taotrace.thinking.total", t.thinking_total),
-        ("taotrace.reasoning.tpot", t.reasoning_tpot),
         ("taotrace.thinking.estimated", t.thinking_estimated),
     ):
         if value is not None:
             attrs[key] = value
-    if t.reasoning_token_events:
-        attrs["taotrace.reasoning.token_events"] = t.reasoning_token_events
+    events, total = t.reasoning_token_events, t.thinking_total
+    if events:
+        attrs["taotrace.reasoning.token_events"] = events
+        if total:  # the reasoning's own pace
+            attrs["taotrace.reasoning.tpot"] = total / events
 
 
 def _cut(value: AnyValue, length: int) -> AnyValue:
