@@ -12,7 +12,8 @@ from proxy.exchange.record import RequestRecord
 from proxy.telemetry.span_end import network_attributes
 from proxy.telemetry.spans import RootSpan, Spans
 
-Phase = tuple[str, int, int, dict[str, Any], Status | None]
+# name, start ns, end ns, attributes, error status, parent (-1: the root; else a phase's index)
+Phase = tuple[str, int, int, dict[str, Any], Status | None, int]
 
 
 def finish(
@@ -29,8 +30,9 @@ def finish(
 
 
 def phases(rec: RequestRecord, offset: int) -> list[Phase]:
-    """(name, start ns, end ns, attributes, error status) of each phase child, as the proxy makes
-    them: the reference the SDK's spans are built from in the equivalence tests."""
+    """(name, start ns, end ns, attributes, error status, parent) of each phase child, as the
+    proxy makes them: the reference the SDK's spans are built from in the equivalence tests. A
+    reasoning model's `thinking` children sit inside decode (measured) or prefill_wait (estimated)."""
     t = rec.timing
 
     def ns(x: float) -> int:
@@ -38,10 +40,16 @@ def phases(rec: RequestRecord, offset: int) -> list[Phase]:
 
     network: dict[str, Any] = dict(network_attributes(t))
     status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and t.sent is None else None
-    out: list[Phase] = [("network", ns(t.start), ns(t.sent) if t.sent is not None else ns(t.end), network, status)]
+    out: list[Phase] = [("network", ns(t.start), ns(t.sent) if t.sent is not None else ns(t.end), network, status, -1)]
     if t.sent is not None and t.first_token is not None:
         sent, first = ns(t.sent), ns(t.first_token)
         last = ns(t.last_token) if t.last_token is not None else first
-        out.append(("prefill_wait", sent, first, {}, None))
-        out.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None))
+        out.append(("prefill_wait", sent, first, {}, None, -1))
+        out.append(("decode", first, last, {"taotrace.token_events": t.token_events}, None, -1))
+        if t.thinking_estimated is not None:
+            hidden = first - int(t.thinking_estimated * 1e9)
+            out.append(("thinking", hidden, first, {"taotrace.estimated": True}, None, 1))
+        runs = t.thinking_spans
+        for i in range(0, len(runs), 2):
+            out.append(("thinking", ns(runs[i]), ns(runs[i + 1]), {"taotrace.estimated": False}, None, 2))
     return out

@@ -397,6 +397,45 @@ async def test_compare_finds_the_faster_simulator_and_the_size_of_the_difference
         assert doc["summary"]["A"]["network_s"]["n"] == 9 and doc["summary"]["B"]["server_wait_s"]["n"] == 9
 
 
+async def test_compare_reports_both_first_tokens_and_the_thinking(sims: tuple[SimRunning, SimRunning]) -> None:
+    """A: o3-mini streams its thinking; B: o4-mini hides the same thinking. Both first-token
+    times are compared, with the thinking measured on A's side and estimated on B's."""
+    slow, fast = sims
+    settings = CompareSettings(
+        base_url=[fast.base_url, fast.base_url], model_a="o3-mini", model_b="o4-mini", runs=1, max_tokens=72,
+        key_env=["K"],
+    )  # fmt: skip
+    sides = sides_from(settings, {"K": SECRET})
+    samples: list[Sample] = []
+    assert await compare(settings, sides, PROMPTS, samples) is None
+    doc = result(
+        targets=[TargetInfo(s.base_url, s.model) for s in sides], api="chat_completions", prompts=PROMPTS, rounds=1,
+        order="alternate", samples=samples, planned=6, interrupted=False, rng=random.Random(0),
+        thresholds=settings.thresholds(),
+    )  # fmt: skip
+    a, b = doc["summary"]["A"], doc["summary"]["B"]
+    assert a["thinking_s"]["n"] == 3 and a["thinking_estimated_s"] is None
+    assert b["thinking_s"] is None and b["thinking_estimated_s"]["n"] == 3
+    assert a["ttft_s"]["p50"] < 0.5 * a["answer_ttft_s"]["p50"]  # A's first token is a thought
+    assert b["ttft_s"]["p50"] == b["answer_ttft_s"]["p50"]  # B's is the answer's
+    # the same model, the same thinking: one streamed, one hidden, the answer at the same time
+    assert doc["differences"]["answer_ttft_s"]["pairs"] == 3
+    assert a["ttft_s"]["p50"] < b["ttft_s"]["p50"]  # A's first thought comes long before B's first (answer) token
+    assert b["thinking_estimated_s"]["p50"] == pytest.approx(a["thinking_s"]["p50"], rel=0.3)
+    rows = [line.split("  ")[0] for line in text(doc).splitlines()]
+    assert {"first answer token", "thinking", "~hidden thinking"} <= set(rows)
+    assert any(line.startswith("first answer token: ") for line in text(doc).splitlines())
+    m = doc["measurements"][0]
+    assert {"answer_ttft_s", "thinking_s", "thinking_estimated_s"} <= set(m)
+    plain = text(
+        {
+            **doc,
+            "summary": {k: {**v, "thinking_s": None, "thinking_estimated_s": None} for k, v in doc["summary"].items()},
+        }
+    )
+    assert "first answer token" not in plain  # nobody reasons: no row apart from the TTFT
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAOTRACE_") and k != "TAOTOKEN_API_KEY"}
     return {**env, "PYTHONPATH": str(ROOT), **extra}

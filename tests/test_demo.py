@@ -1,8 +1,10 @@
-"""`taotrace demo`: the three experiments through the real proxy in front of the simulator, the
-`--json` schema, the effects the article promises, and client/proxy TTFT agreement."""
+"""`taotrace demo`: the experiments through the real proxy in front of the simulator, the
+`--json` schema, the effects the article promises, client/proxy TTFT agreement, and the
+reasoning rows: the article's client TTFT (first content) is the proxy's first answer token."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -18,17 +20,27 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
+from proxy.config.settings import Settings
+from proxy.exchange.record import RequestRecord
+from proxy.serve import running as proxy_running
 from proxy.sim import SimSettings, running
 from proxy.tools.command import taotrace_command
 from proxy.tools.demo import DemoSettings, demo
-from proxy.tools.experiments import COLUMNS
+from proxy.tools.experiments import COLUMNS, REASONING_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_KEYS = {
     "label", "model", "input_tokens", "cached_tokens", "ttft_s", "total_s", "output_tokens", "tpot_s",
     "tokens_per_s", "proxy_ttft_s", "network_s", "prefill_wait_s", "decode_s", "kv_bytes",
 }  # fmt: skip
-QUICK: dict[str, Any] = {"once": True, "port": 0, "metrics_port": 0, "time_scale": 0.5, "max_tokens": 24}
+REASONING_KEYS = {
+    "article_ttft_s", "answer_ttft_s", "proxy_answer_ttft_s", "thinking_s", "thinking_estimated_s",
+    "reasoning_tokens", "reasoning_tokens_per_s", "answer_tokens_per_s",
+}  # fmt: skip
+# The simulator's reasoning models think 64 tokens first: 72 leaves an answer of 8
+QUICK: dict[str, Any] = {
+    "once": True, "port": 0, "metrics_port": 0, "time_scale": 0.5, "max_tokens": 24, "reasoning_max_tokens": 72,
+}  # fmt: skip
 
 
 def _runs(doc: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -39,7 +51,8 @@ def _runs(doc: dict[str, Any], name: str) -> list[dict[str, Any]]:
 def demo_json() -> dict[str, Any]:
     """One `taotrace demo --once --json` run, from the command line, shared by the checks below."""
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy", "demo", "--once", "--json", "--time-scale", "0.5", "--max-tokens", "24"],
+        [sys.executable, "-m", "proxy", "demo", "--once", "--json", "--time-scale", "0.5", "--max-tokens", "24",
+         "--reasoning-max-tokens", "72"],
         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
@@ -49,21 +62,26 @@ def demo_json() -> dict[str, Any]:
 
 def test_json_schema_is_exactly_the_issues(demo_json: dict[str, Any]) -> None:
     assert list(demo_json) == ["experiments"]
-    assert [e["name"] for e in demo_json["experiments"]] == ["input_length", "prefix_cache", "model_size"]
+    names = [e["name"] for e in demo_json["experiments"]]
+    assert names == ["input_length", "prefix_cache", "model_size", "reasoning"]
     for experiment in demo_json["experiments"]:
         assert set(experiment) == {"name", "runs"} and len(experiment["runs"]) >= 2
+        reasoning = experiment["name"] == "reasoning"
         for run in experiment["runs"]:
-            assert set(run) == RUN_KEYS
+            assert set(run) == (RUN_KEYS | REASONING_KEYS if reasoning else RUN_KEYS)
             assert all(run[k] is not None for k in RUN_KEYS), run
-            assert run["output_tokens"] == 24
+            assert run["output_tokens"] == (72 if reasoning else 24)
 
 
 def test_every_table_column_is_in_the_json(demo_json: dict[str, Any]) -> None:
     """The table and the JSON tell the same things: each column is a run key (or the group's name)."""
     assert {key for _, key in COLUMNS} - {"experiment"} <= RUN_KEYS
+    assert {key for _, key in REASONING_COLUMNS} <= RUN_KEYS | REASONING_KEYS
     for experiment in demo_json["experiments"]:
         for run in experiment["runs"]:
-            assert run["input_tokens"] > run["output_tokens"] and run["cached_tokens"] >= 0
+            # the article's prompts are long; the reasoning runs ask one short question
+            assert run["input_tokens"] > (20 if experiment["name"] == "reasoning" else run["output_tokens"])
+            assert run["cached_tokens"] >= 0
             assert run["kv_bytes"] > 0
     first, *repeats = _runs(demo_json, "prefix_cache")
     assert first["cached_tokens"] < repeats[0]["cached_tokens"] <= repeats[0]["input_tokens"]
@@ -105,6 +123,59 @@ def test_client_and_proxy_agree_and_the_split_adds_up(demo_json: dict[str, Any])
         assert run["decode_s"] < run["total_s"]
 
 
+def test_the_reasoning_rows_agree_with_the_article_s_client(demo_json: dict[str, Any]) -> None:
+    """The article's client code (TTFT at the first content) through the proxy: for a model that
+    streams its thinking it measures the answer's first token, which the proxy has as its own
+    number beside its first token (the first thought); a model that hides its thinking has its
+    first token the answer's, and the thinking estimated inside prefill_wait."""
+    streamed, hidden = _runs(demo_json, "reasoning")
+    assert (streamed["model"], hidden["model"]) == ("o3-mini", "o4-mini")
+    for run in (streamed, hidden):
+        # One request, two clocks on one machine: the proxy's instant lies inside the client's
+        # interval; loopback and a busy event loop apart (< 1 ms on a quiet machine).
+        assert run["proxy_answer_ttft_s"] <= run["article_ttft_s"] < run["proxy_answer_ttft_s"] + 0.1
+        assert run["answer_ttft_s"] == pytest.approx(run["article_ttft_s"], abs=0.01)  # the same bytes, read twice
+        assert run["reasoning_tokens"] == 64
+    # Streamed: the proxy's TTFT is the first thought, ~64 tokens of thinking before the article's
+    assert streamed["article_ttft_s"] - streamed["proxy_ttft_s"] > 0.3
+    assert streamed["thinking_s"] == pytest.approx(streamed["proxy_answer_ttft_s"] - streamed["proxy_ttft_s"], abs=1e-6)
+    assert streamed["thinking_estimated_s"] is None
+    # Hidden: nothing before the answer; the estimate is the same model's measured thinking, about
+    assert hidden["proxy_answer_ttft_s"] == hidden["proxy_ttft_s"] and hidden["thinking_s"] is None
+    assert 0.5 * hidden["prefill_wait_s"] < hidden["thinking_estimated_s"] <= hidden["prefill_wait_s"]
+    assert hidden["thinking_estimated_s"] == pytest.approx(streamed["thinking_s"], rel=0.25)
+    assert hidden["answer_tokens_per_s"] == pytest.approx(streamed["answer_tokens_per_s"], rel=0.25)
+
+
+async def test_the_article_s_sdk_loop_through_the_proxy_times_the_answer() -> None:
+    """The article's client code itself, with the OpenAI SDK, through the proxy to the simulator's
+    reasoning model: its TTFT (first `delta.content`) is the proxy's time to first answer token."""
+    import openai
+
+    records: list[RequestRecord] = []
+    async with running(SimSettings(port=0, time_scale=0.5)) as sim:
+        settings = Settings(upstream=sim.url, port=0, metrics_port=0, ui=False)
+        async with proxy_running(settings, on_record=records.append) as srv:
+            client = openai.AsyncOpenAI(base_url=srv.proxy_url + "/v1", api_key="k", max_retries=0)
+            for _ in range(2):  # the first opens the connection: the second is the one compared
+                start = time.perf_counter()
+                stream = await client.chat.completions.create(
+                    model="o3-mini", messages=[{"role": "user", "content": "Why is my TTFT slow?"}], stream=True
+                )
+                ttft = None
+                async for chunk in stream:
+                    if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+                        ttft = time.perf_counter() - start
+            await client.close()
+            deadline = time.monotonic() + 5
+            while len(records) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+    t = records[-1].timing
+    assert ttft is not None and t.time_to_first_answer_token is not None and t.ttft is not None
+    assert t.time_to_first_answer_token <= ttft < t.time_to_first_answer_token + 0.1
+    assert ttft - t.ttft > 0.3  # not the proxy's TTFT: that is the first thought
+
+
 async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
     out = io.StringIO()
     seen: dict[str, Any] = {}
@@ -123,7 +194,7 @@ async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
     settings = DemoSettings(**{**QUICK, "once": False, "base_tokens": 200, "cache_tokens": 800, "max_tokens": 8})
     code, results = await demo(settings, out, until=meanwhile)
     text = out.getvalue()
-    assert code == 0 and len(results) == 8
+    assert code == 0 and len(results) == 10
     header = text.splitlines()[2]
     assert header.split() == " ".join(h for h, _ in COLUMNS).split()
     assert (
@@ -132,6 +203,10 @@ async def test_table_then_the_proxy_stays_up_for_other_tools() -> None:
         and "model_size: gpt-4o vs gpt-4o-mini" in text
     )
     assert "client vs proxy TTFT: max |difference|" in text and "who ate the GPU memory" in text
+    assert "reasoning: o3-mini's article TTFT " in text and "reasoning: o4-mini hid its thinking" in text
+    assert max(len(line) for line in text.split("The proxy keeps running")[0].splitlines()) <= 140  # fits the page
+    headers = [line for line in text.splitlines() if line.startswith("run ")]
+    assert [h.split() for h in headers] == [" ".join(h for h, _ in REASONING_COLUMNS).split()]  # its own table
     assert seen["chat"] == 200 and seen["metrics"][0] == 200
     assert "taotrace_time_to_first_token_seconds" in seen["metrics"][1]
 

@@ -163,7 +163,7 @@ def node_is_sse(node: ast.AST) -> bool:
 def test_nothing_outside_the_package_names_one_dialect() -> None:
     """So a new dialect needs no edit elsewhere: the proxy's other modules use the generic names
     only, and never compare an `api` label with a dialect's name."""
-    generic = {"API_OTHER", "DIALECTS", "Dialect", "Dialects", "RequestInfo", "StreamReader", "Usage", "api_for_path",
+    generic = {"ANSWER", "NOT_TOKEN", "REASONING", "API_OTHER", "DIALECTS", "Dialect", "Dialects", "RequestInfo", "StreamReader", "Usage", "api_for_path",
                "inspect_request", "is_chunk", "read_body", "reader_for", "request_info"}  # fmt: skip
     labels = {d.api for d in DIALECTS}
     bad = []
@@ -265,7 +265,7 @@ def test_a_plug_in_reader_s_own_skip_and_capture_limit_hold() -> None:
             self._meta(obj)
 
     reader = EveryEvent(capture_content=True)
-    assert reader.feed(SSEEvent("noise", b'{"text": "not read"}')) is False
+    assert reader.feed(SSEEvent("noise", b'{"text": "not read"}')) == 0  # NOT_TOKEN
     assert reader.feed(SSEEvent("piece", b'{"text": "abcd"}')) is True
     assert reader.feed(SSEEvent("piece", b'{"text": "efgh"}')) is True
     assert reader.text is not None and reader.text.startswith("abcd") and "efgh" not in reader.text

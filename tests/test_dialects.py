@@ -7,12 +7,15 @@ import json
 import pytest
 
 from proxy.dialects import (
+    ANSWER,
     API_CHAT,
     API_COMPLETIONS,
     API_EMBEDDINGS,
     API_MESSAGES,
     API_OTHER,
     API_RESPONSES,
+    NOT_TOKEN,
+    REASONING,
     Usage,
     api_for_path,
     inspect_request,
@@ -76,24 +79,41 @@ def chunk(**delta: object) -> dict[str, object]:
 
 
 @pytest.mark.parametrize(
-    ("delta", "is_token"),
+    ("delta", "kind"),
     [
-        ({"role": "assistant"}, False),
-        ({"role": "assistant", "content": ""}, False),
-        ({"content": None}, False),
-        ({}, False),
-        ({"content": "Hi"}, True),
-        ({"reasoning_content": "think"}, True),
-        ({"reasoning": "think"}, True),
-        ({"refusal": "no"}, True),
-        ({"tool_calls": [{"index": 0, "id": "t", "function": {"name": "f", "arguments": ""}}]}, False),
-        ({"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}, True),
+        ({"role": "assistant"}, NOT_TOKEN),
+        ({"role": "assistant", "content": ""}, NOT_TOKEN),
+        ({"content": None}, NOT_TOKEN),
+        ({}, NOT_TOKEN),
+        ({"content": "Hi"}, ANSWER),
+        ({"reasoning_content": "think"}, REASONING),  # DeepSeek
+        ({"reasoning": "think"}, REASONING),  # vLLM, OpenRouter
+        ({"reasoning": "think", "content": ""}, REASONING),  # beside an empty content
+        ({"reasoning_content": "think", "content": None}, REASONING),
+        ({"reasoning": "", "content": "Hi"}, ANSWER),
+        ({"reasoning": "think", "content": "Hi"}, ANSWER),  # both in one delta: the answer has begun
+        ({"refusal": "no"}, ANSWER),
+        ({"reasoning": "think", "refusal": "no"}, ANSWER),
+        ({"tool_calls": [{"index": 0, "id": "t", "function": {"name": "f", "arguments": ""}}]}, NOT_TOKEN),
+        ({"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}, ANSWER),
+        ({"reasoning": "think", "tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}, ANSWER),
     ],
 )
-def test_chat_token_rules(delta: dict[str, object], is_token: bool) -> None:
+def test_chat_token_rules(delta: dict[str, object], kind: int) -> None:
     reader = reader_for(API_CHAT)
     assert reader is not None
-    assert reader.feed(ev(chunk(**delta))) is is_token
+    assert reader.feed(ev(chunk(**delta))) == kind
+
+
+def test_chat_choices_answer_outweighs_reasoning() -> None:
+    """n > 1: a chunk where one choice answers while another still thinks is an answer token."""
+    reader = reader_for(API_CHAT)
+    assert reader is not None
+    thinking = {"index": 0, "delta": {"reasoning_content": "hm"}}
+    answering = {"index": 1, "delta": {"content": "A"}}
+    assert reader.feed(ev({"choices": [thinking, answering]})) == ANSWER
+    assert reader.feed(ev({"choices": [answering, thinking]})) == ANSWER
+    assert reader.feed(ev({"choices": [thinking, {"index": 1, "delta": {}}]})) == REASONING
 
 
 def test_chat_usage_chunk_done_and_errors() -> None:
@@ -106,23 +126,23 @@ def test_chat_usage_chunk_done_and_errors() -> None:
         "completion_tokens_details": {"reasoning_tokens": 5},
     }
     final = {"id": "c1", "model": "gpt-x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    assert reader.feed(ev(final)) is False
-    assert reader.feed(ev({"id": "c1", "choices": [], "usage": usage})) is False
-    assert reader.feed(SSEEvent("message", b"[DONE]")) is False
-    assert reader.feed(SSEEvent("message", b"{not json")) is False
+    assert reader.feed(ev(final)) == NOT_TOKEN
+    assert reader.feed(ev({"id": "c1", "choices": [], "usage": usage})) == NOT_TOKEN
+    assert reader.feed(SSEEvent("message", b"[DONE]")) == NOT_TOKEN
+    assert reader.feed(SSEEvent("message", b"{not json")) == NOT_TOKEN
     assert reader.usage == Usage(100, 20, 64, 5)
     assert reader.finish_reasons == ["stop"]
     assert (reader.response_id, reader.response_model) == ("c1", "gpt-x")
     assert reader.error_type is None
-    assert reader.feed(ev({"error": {"message": "boom", "type": "server_error"}})) is False
+    assert reader.feed(ev({"error": {"message": "boom", "type": "server_error"}})) == NOT_TOKEN
     assert reader.error_type == "stream_error"
 
 
 def test_legacy_completions_text() -> None:
     reader = reader_for(API_COMPLETIONS)
     assert reader is not None
-    assert reader.feed(ev({"choices": [{"text": "Hello", "index": 0}]})) is True
-    assert reader.feed(ev({"choices": [{"text": "", "index": 0, "finish_reason": "length"}]})) is False
+    assert reader.feed(ev({"choices": [{"text": "Hello", "index": 0}]})) == ANSWER
+    assert reader.feed(ev({"choices": [{"text": "", "index": 0, "finish_reason": "length"}]})) == NOT_TOKEN
     assert reader.finish_reasons == ["length"]
 
 
@@ -130,17 +150,25 @@ def test_responses_events() -> None:
     reader = reader_for(API_RESPONSES)
     assert reader is not None
     created = {"type": "response.created", "response": {"id": "resp_1", "model": "gpt-4o", "status": "in_progress"}}
-    assert reader.feed(ev(created, "response.created")) is False
+    assert reader.feed(ev(created, "response.created")) == NOT_TOKEN
     for kind in ("response.in_progress", "response.output_item.added", "response.content_part.added"):
-        assert reader.feed(ev({"type": kind}, kind)) is False
-    for kind in (
-        "response.output_text.delta",
-        "response.reasoning_text.delta",
-        "response.function_call_arguments.delta",
+        assert reader.feed(ev({"type": kind}, kind)) == NOT_TOKEN
+    for kind, token in (
+        ("response.output_text.delta", ANSWER),
+        ("response.reasoning_text.delta", REASONING),
+        ("response.reasoning_summary_text.delta", REASONING),
+        ("response.refusal.delta", ANSWER),
+        ("response.function_call_arguments.delta", ANSWER),
     ):
-        assert reader.feed(ev({"type": kind, "delta": "x"}, kind)) is True
-    assert reader.feed(ev({"type": "response.output_text.delta", "delta": ""}, "response.output_text.delta")) is False
-    assert reader.feed(ev({"type": "response.output_text.done", "text": "x"}, "response.output_text.done")) is False
+        assert reader.feed(ev({"type": kind, "delta": "x"}, kind)) == token
+        assert reader.feed(ev({"type": kind, "delta": "x"})) == token  # data-only: its type names it
+    for kind in ("response.reasoning_summary_part.added", "response.reasoning_summary_text.done"):
+        assert reader.feed(ev({"type": kind, "text": "x"}, kind)) == NOT_TOKEN
+    assert reader.feed(ev({"type": "response.reasoning_text.delta", "delta": ""}, "response.reasoning_text.delta")) == 0
+    assert (
+        reader.feed(ev({"type": "response.output_text.delta", "delta": ""}, "response.output_text.delta")) == NOT_TOKEN
+    )
+    assert reader.feed(ev({"type": "response.output_text.done", "text": "x"}, "response.output_text.done")) == NOT_TOKEN
     done = {
         "type": "response.completed",
         "response": {
@@ -155,7 +183,7 @@ def test_responses_events() -> None:
             },
         },
     }
-    assert reader.feed(ev(done, "response.completed")) is False
+    assert reader.feed(ev(done, "response.completed")) == NOT_TOKEN
     assert reader.usage == Usage(50, 9, 32, 3)
     assert (reader.response_id, reader.response_model, reader.finish_reasons) == ("resp_1", "gpt-4o", ["completed"])
 
@@ -187,8 +215,8 @@ def test_anthropic_messages_events() -> None:
             },
         },
     }
-    assert reader.feed(ev(start, "message_start")) is False
-    assert reader.feed(ev({"type": "ping"}, "ping")) is False
+    assert reader.feed(ev(start, "message_start")) == NOT_TOKEN
+    assert reader.feed(ev({"type": "ping"}, "ping")) == NOT_TOKEN
     assert (
         reader.feed(
             ev(
@@ -196,16 +224,18 @@ def test_anthropic_messages_events() -> None:
                 "content_block_start",
             )
         )
-        is False
+        == NOT_TOKEN
     )
-    for delta in (
-        {"type": "text_delta", "text": "Hi"},
-        {"type": "thinking_delta", "thinking": "hm"},
-        {"type": "input_json_delta", "partial_json": "{"},
+    for delta, token in (
+        ({"type": "text_delta", "text": "Hi"}, ANSWER),
+        ({"type": "thinking_delta", "thinking": "hm"}, REASONING),
+        ({"type": "input_json_delta", "partial_json": "{"}, ANSWER),
     ):
         assert (
-            reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")) is True
+            reader.feed(ev({"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta")) == token
         )
+    redacted = {"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "x"}}
+    assert reader.feed(ev(redacted, "content_block_start")) == NOT_TOKEN  # carries no text
     assert (
         reader.feed(
             ev(
@@ -213,9 +243,9 @@ def test_anthropic_messages_events() -> None:
                 "content_block_delta",
             )
         )
-        is False
+        == NOT_TOKEN
     )
-    assert reader.feed(ev({"type": "content_block_stop", "index": 0}, "content_block_stop")) is False
+    assert reader.feed(ev({"type": "content_block_stop", "index": 0}, "content_block_stop")) == NOT_TOKEN
     assert (
         reader.feed(
             ev(
@@ -223,9 +253,9 @@ def test_anthropic_messages_events() -> None:
                 "message_delta",
             )
         )
-        is False
+        == NOT_TOKEN
     )
-    assert reader.feed(ev({"type": "message_stop"}, "message_stop")) is False
+    assert reader.feed(ev({"type": "message_stop"}, "message_stop")) == NOT_TOKEN
     # GenAI input tokens include cache reads and writes; both are also reported apart
     assert reader.usage == Usage(115, 42, 100, None, cache_creation_input_tokens=5)
     assert (reader.response_id, reader.response_model, reader.finish_reasons) == ("msg_1", "claude-x", ["end_turn"])
@@ -244,7 +274,7 @@ def test_anthropic_stream_cut_before_message_delta_counts_its_tokens() -> None:
     reader.feed(ev(start, "message_start"))
     for _ in range(4):
         delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "a"}}
-        assert reader.feed(ev(delta, "content_block_delta")) is True
+        assert reader.feed(ev(delta, "content_block_delta")) == ANSWER
     usage, source = usage_of(reader, True, 4)
     assert (usage.input_tokens, usage.output_tokens, source) == (9, 4, "counted")
 
@@ -253,7 +283,7 @@ def test_unknown_events_pass_quietly() -> None:
     for api in (API_CHAT, API_RESPONSES, API_MESSAGES):
         reader = reader_for(api)
         assert reader is not None
-        assert reader.feed(ev({"type": "brand_new_event", "delta": "x"}, "brand_new_event")) is False
+        assert reader.feed(ev({"type": "brand_new_event", "delta": "x"}, "brand_new_event")) == NOT_TOKEN
 
 
 def test_non_streaming_bodies() -> None:
@@ -356,7 +386,7 @@ def test_done_only_after_the_terminal_event(api: str, events: list[SSEEvent], te
     for event in events:
         reader.feed(event)
         assert not reader.done
-    assert reader.feed(terminal) is False  # never a token
+    assert reader.feed(terminal) == NOT_TOKEN  # never a token
     assert reader.done and reader.error_type is None
 
 

@@ -56,6 +56,8 @@ GENAI = {
     "gen_ai.client.operation.time_to_first_chunk": ("s", BUCKETS_SPEC_SECONDS),
     "gen_ai.client.operation.time_per_output_chunk": ("s", BUCKETS_SPEC_SECONDS),
     "taotrace.time_to_first_token": ("s", BUCKETS_LATENCY),
+    "taotrace.time_to_first_answer_token": ("s", BUCKETS_LATENCY),
+    "taotrace.thinking": ("s", BUCKETS_LATENCY),
     "taotrace.phase.duration": ("s", BUCKETS_LATENCY),
     "taotrace.proxy.overhead": ("s", BUCKETS_OVERHEAD),
 }
@@ -74,14 +76,16 @@ def points(metrics: list[Any], name: str) -> list[Any]:
 
 
 async def exercise(proxy_url: str, upstream: FakeUpstream, client: aiohttp.ClientSession) -> None:
-    """A stream whose first chunk (role only) comes 0.2 s before its first token, then a 401."""
+    """A stream whose first chunk (role only) comes 0.2 s before its first token (a reasoning one,
+    0.2 s before the answer's first), then a 401."""
     frames = sse(
         chat_chunk(role="assistant", content=""),
+        chat_chunk(reasoning_content="hm"),
         chat_chunk("Hi"),
         chat_chunk(" there"),
         chat_chunk(finish="stop"),
-        usage_chunk(12, 2),
-    )  # 4 chunks: [DONE] is not one
+        usage_chunk(12, 3),
+    )  # 6 chunks: [DONE] is not one
     upstream.handler = stream_handler(frames, first_delay=0.02, gap=0.2)
     async with client.post(proxy_url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "stream": True}) as r:
         await r.read()
@@ -123,9 +127,9 @@ def check_spec_shape(metrics: list[Any], upstream: FakeUpstream, temporality: in
 
     duration = {attrs(p).get("error.type"): p for p in points(metrics, "gen_ai.client.operation.duration")}
     assert set(duration) == {None, "auth"} and all(p.count == 1 for p in duration.values())
-    assert 0.4 < duration[None].sum < 2.0
+    assert 0.4 < duration[None].sum < 3.0
     tokens = {attrs(p)["gen_ai.token.type"]: p for p in points(metrics, "gen_ai.client.token.usage")}
-    assert (tokens["input"].sum, tokens["output"].sum) == (12, 2)
+    assert (tokens["input"].sum, tokens["output"].sum) == (12, 3)
     assert attrs(tokens["input"])["gen_ai.response.model"] == "gpt-4o-mini-2024-07-18"
 
     (ttfc,) = points(metrics, "gen_ai.client.operation.time_to_first_chunk")
@@ -133,9 +137,13 @@ def check_spec_shape(metrics: list[Any], upstream: FakeUpstream, temporality: in
     assert ttfc.count == ttft.count == 1
     assert ttft.sum - ttfc.sum > 0.15  # first chunk (role only) is not first token
     assert "taotrace.api" in attrs(ttft) and "taotrace.api" not in attrs(ttfc)  # ours only on ours
+    (ttfat,) = points(metrics, "taotrace.time_to_first_answer_token")
+    (thinking,) = points(metrics, "taotrace.thinking")
+    assert ttfat.count == thinking.count == 1 and attrs(ttfat) == attrs(thinking) == attrs(ttft)
+    assert ttfat.sum == pytest.approx(ttft.sum + thinking.sum) and thinking.sum > 0.15  # the reasoning came first
     (tpoc,) = points(metrics, "gen_ai.client.operation.time_per_output_chunk")
-    assert tpoc.count == 4  # per chunk after the first
-    assert 0.5 < tpoc.sum < 1.5
+    assert tpoc.count == 5  # per chunk after the first
+    assert 0.7 < tpoc.sum < 2.0
     phases: dict[object, int] = {}
     for p in points(metrics, "taotrace.phase.duration"):  # the 401 has no response model: its own point
         phases[attrs(p)["taotrace.phase"]] = phases.get(attrs(p)["taotrace.phase"], 0) + p.count

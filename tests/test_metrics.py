@@ -27,6 +27,9 @@ CONTRACT = {
     "taotrace_requests": ("counter", {"upstream", "api", "model", "status_code", "error_type"}),
     "taotrace_request_duration_seconds": ("histogram", {"upstream", "api", "model"}),
     "taotrace_time_to_first_token_seconds": ("histogram", {"upstream", "api", "model"}),
+    # a reasoning model's: the answer's first token, and the streamed thinking before it
+    "taotrace_time_to_first_answer_token_seconds": ("histogram", {"upstream", "api", "model"}),
+    "taotrace_thinking_seconds": ("histogram", {"upstream", "api", "model"}),
     "taotrace_time_per_output_token_seconds": ("histogram", {"upstream", "api", "model"}),
     "taotrace_inter_token_latency_seconds": ("histogram", {"upstream", "api", "model"}),
     "taotrace_phase_duration_seconds": ("histogram", {"upstream", "api", "model", "phase"}),

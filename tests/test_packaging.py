@@ -161,7 +161,7 @@ def test_make_demo_json_is_only_json_on_stdout() -> None:
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert [e["name"] for e in report["experiments"]] == ["input_length", "prefix_cache", "model_size"]
+    assert [e["name"] for e in report["experiments"]] == ["input_length", "prefix_cache", "model_size", "reasoning"]
 
 
 def _make_variables(makefile: str) -> dict[str, str]:

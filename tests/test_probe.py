@@ -116,6 +116,36 @@ async def test_probe_prints_the_article_numbers_as_json(sim: SimRunning, api: st
     assert 0 < doc["ttft_s"] < doc["total_s"] and doc["tpot_s"] > 0 and doc["tokens_per_s"] > 0
 
 
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+async def test_probe_reports_both_first_tokens_and_the_thinking(sim: SimRunning, api: str) -> None:
+    """o3-mini streams 64 tokens of thinking first: its TTFT is the first thought, the answer
+    comes after the thinking; o4-mini hides the same thinking: one first token, an estimate."""
+    settings = ProbeSettings(base_url=sim.base_url, api=api, model="o3-mini", max_tokens=72, json_output=True)
+    streamed = json.loads((await _probe(settings))[1])
+    assert streamed["answer_ttft_s"] == pytest.approx(streamed["ttft_s"] + streamed["thinking_s"], abs=1e-9)
+    assert streamed["thinking_s"] > 32 * 0.015 * 0.25  # 64 reasoning tokens at 15 ms (time_scale 0.25): ~0.24 s
+    assert streamed["thinking_estimated_s"] is None and streamed["reasoning_tokens_per_s"] > 0
+    hidden = json.loads((await _probe(settings.model_copy(update={"model": "o4-mini"})))[1])
+    assert hidden["answer_ttft_s"] == hidden["ttft_s"] and hidden["thinking_s"] is None
+    if api == "messages":  # Anthropic reports no reasoning count: nothing to estimate from
+        assert hidden["thinking_estimated_s"] is None and hidden["reasoning_tokens"] is None
+        return
+    assert hidden["reasoning_tokens"] == 64
+    assert hidden["thinking_estimated_s"] == pytest.approx(streamed["thinking_s"], rel=0.3)
+    assert hidden["answer_tokens_per_s"] == pytest.approx(streamed["answer_tokens_per_s"], rel=0.3)
+    code, text = await _probe(settings.model_copy(update={"json_output": False, "model": "o4-mini", "runs": 2}))
+    lines = text.splitlines()
+    assert code == 0 and lines[1].split()[:4] == ["run", "TTFT", "answer", "thinking"]
+    assert lines[2].split()[5].startswith("~")  # hidden: estimated, never shown as measured
+    assert any(line.startswith("hidden reasoning tokens count as output") for line in lines)
+    assert "first answer token" in next(line for line in lines if line.startswith("median:"))
+
+
+async def test_a_plain_model_s_table_has_no_reasoning_columns(sim: SimRunning) -> None:
+    code, text = await _probe(ProbeSettings(base_url=sim.base_url, max_tokens=4))
+    assert code == 0 and "answer" not in text.splitlines()[1] and "thinking" not in text
+
+
 async def test_runs_give_a_runs_list_and_show_the_prefix_cache(sim: SimRunning) -> None:
     settings = ProbeSettings(base_url=sim.base_url, runs=3, prompt_repeat=60, max_tokens=8)
     code, text = await _probe(settings)

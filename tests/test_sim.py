@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.dialects import reader_for
+from proxy.dialects import ANSWER, REASONING, reader_for
 from proxy.dialects.sse import SSEDecoder, SSEEvent
 from proxy.sim import SimRunning, SimSettings, running
 from proxy.tools.client import Call, measure
@@ -102,20 +102,24 @@ async def test_without_include_usage_there_is_no_usage_chunk(sim: SimRunning, se
         ("messages", "/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 80}),
     ],
 )
-@pytest.mark.parametrize("model", ["gpt-4o-mini", "o3-mini"])
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "o3-mini", "o4-mini"])
 async def test_every_dialect_reads_back_with_the_proxys_own_rules(
     sim: SimRunning, session: aiohttp.ClientSession, api: str, path: str, body: dict[str, Any], model: str
 ) -> None:
-    """Token events counted by the proxy's dialect readers equal the reported output tokens."""
+    """Token events counted by the proxy's dialect readers equal the reported output tokens, the
+    reasoning ones read as reasoning; a hidden reasoning is counted, never streamed."""
     status, events, _ = await _events(session, sim.base_url + path, {**body, "model": model, "stream": True})
     assert status == 200
     reader = reader_for(api)
     assert reader is not None
-    tokens = sum(reader.feed(e) for e in events if e.data != b"[DONE]")
-    reasoning = 64 if model == "o3-mini" else 0  # o3-mini thinks 64 tokens (medium effort) first
+    kinds = [reader.feed(e) for e in events if e.data != b"[DONE]"]
+    tokens = sum(1 for kind in kinds if kind)
+    reasoning = 0 if model == "gpt-4o-mini" else 64  # o3-mini and o4-mini think 64 tokens (medium effort) first
     assert reader.usage is not None and reader.usage.output_tokens == 80
-    hidden = api == "completions"  # legacy completions never show reasoning
+    hidden = api == "completions" or model == "o4-mini"  # legacy completions never show reasoning; o4-mini hides it
     assert tokens == (80 - reasoning if hidden else 80)
+    assert kinds.count(REASONING) == (0 if hidden else reasoning)  # streamed as reasoning, then the answer
+    assert kinds.count(ANSWER) == 80 - reasoning
     if api != "messages":  # Anthropic counts thinking inside output_tokens only
         assert reader.usage.reasoning_tokens == reasoning
     assert reader.error_type is None
@@ -144,6 +148,42 @@ async def test_responses_events_in_order_with_reasoning_and_cached_usage(
     assert usage["input_tokens_details"]["cached_tokens"] > 0
     assert usage["output_tokens_details"]["reasoning_tokens"] == 64
     assert [item["type"] for item in payloads[-1]["response"]["output"]] == ["reasoning", "message"]
+
+
+async def test_hidden_reasoning_streams_nothing_until_the_answer(
+    sim: SimRunning, session: aiohttp.ClientSession
+) -> None:
+    """o4-mini thinks as long as o3-mini (64 tokens at the same pace) but streams none of it: its
+    first token is the answer's, and the usage alone says it reasoned."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}}
+    _, events, _ = await _events(
+        session, sim.base_url + "/chat/completions", {**chat, "model": "o4-mini", "stream": True}
+    )
+    chunks = _json(events)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert not any("reasoning_content" in d or "reasoning" in d for d in deltas)
+    assert chunks[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == 64
+    assert chunks[-1]["usage"]["completion_tokens"] == 64 + 64
+    body = {"model": "o4-mini", "input": "hi", "stream": True}
+    _, events, _ = await _events(session, sim.base_url + "/responses", body)
+    kinds = [e.event for e in events]
+    assert not [k for k in kinds if k.startswith("response.reasoning")]
+    payloads = _json(events)
+    reasoning = [
+        p for p in payloads if p["type"].startswith("response.output_item") and p["item"]["type"] == "reasoning"
+    ]
+    assert [p["type"] for p in reasoning] == ["response.output_item.added", "response.output_item.done"]
+    assert payloads[-1]["response"]["output"][0] == {**reasoning[-1]["item"], "content": []}
+    assert payloads[-1]["response"]["usage"]["output_tokens_details"]["reasoning_tokens"] == 64
+    body = {"model": "o4-mini", "max_tokens": 70, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    _, events, _ = await _events(session, sim.base_url + "/messages", body, {"anthropic-version": "2023-06-01"})
+    payloads = _json(events)
+    assert payloads[1]["content_block"]["type"] == "redacted_thinking" and payloads[1]["content_block"]["data"]
+    deltas = [p["delta"]["type"] for p in payloads if p["type"] == "content_block_delta"]
+    assert set(deltas) == {"text_delta"} and len(deltas) == 70 - 64
+    whole = await session.post(sim.base_url + "/chat/completions", json={**chat, "model": "o4-mini"})
+    message = (await whole.json())["choices"][0]["message"]
+    assert "reasoning_content" not in message and message["content"]
 
 
 async def test_messages_events_with_thinking_ping_and_usage(sim: SimRunning, session: aiohttp.ClientSession) -> None:
@@ -189,7 +229,7 @@ async def test_the_sdks_work_against_the_sim(sim: SimRunning) -> None:
     assert usage.completion_tokens_details is not None and usage.completion_tokens_details.reasoning_tokens == 64
     whole = await oai.responses.create(model="gpt-4o", input="hi")
     assert whole.status == "completed" and whole.output_text and whole.usage is not None
-    assert sorted(m.id for m in (await oai.models.list()).data) == ["gpt-4o", "gpt-4o-mini", "o3-mini"]
+    assert sorted(m.id for m in (await oai.models.list()).data) == ["gpt-4o", "gpt-4o-mini", "o3-mini", "o4-mini"]
     ant = anthropic.AsyncAnthropic(base_url=sim.url, api_key="k", max_retries=0)
     async with ant.messages.stream(
         model="gpt-4o-mini", max_tokens=10, messages=[{"role": "user", "content": "hi"}]

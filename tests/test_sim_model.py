@@ -256,7 +256,7 @@ def test_a_catalogue_file_overrides_and_adds_models() -> None:
     )
     by_name = {s.name: s for s in specs}
     assert by_name["gpt-4o"].decode_per_token_s == 0.05 and by_name["gpt-4o"].layers == 80
-    assert isinstance(by_name["tiny"], ModelSpec) and len(specs) == 4
+    assert isinstance(by_name["tiny"], ModelSpec) and len(specs) == len(DEFAULT_CATALOGUE) + 1
     with pytest.raises(ValueError):
         catalogue_from({"models": [{"name": "x", "bogus": 1}]})
 

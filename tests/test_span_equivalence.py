@@ -33,7 +33,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proxy import __version__
-from proxy.dialects import RequestInfo, Usage
+from proxy.dialects import ANSWER, REASONING, RequestInfo, Usage
 from proxy.exchange.record import RequestRecord
 from proxy.exchange.timing import PhaseClock
 from proxy.telemetry import otlp
@@ -92,7 +92,11 @@ class DropPrefill(Sampler):
         return "DropPrefill"
 
 
-def streamed(error_type: str = "", sent: bool = True, tokens: int = 5, connect: bool = False) -> RequestRecord:
+def streamed(
+    error_type: str = "", sent: bool = True, tokens: int = 5, connect: bool = False, reasoning: str = ""
+) -> RequestRecord:
+    """`reasoning`: "streamed" (two reasoning tokens first, then thinking again at the fourth) or
+    "hidden" (reported, not streamed: an estimated `thinking` inside prefill_wait)."""
     p = PhaseClock(T0)
     if connect:
         p.reused, p.pool_wait, p.dns, p.connect = False, 0.0001, 0.002, 0.003
@@ -102,10 +106,12 @@ def streamed(error_type: str = "", sent: bool = True, tokens: int = 5, connect: 
         p.sent(T0 + 0.001)
         p.headers(T0 + 0.05)
         p.body_bytes(T0 + 0.05)
+        kinds = (REASONING, REASONING, ANSWER, REASONING) if reasoning == "streamed" else ()
         for i in range(tokens):
-            p.token(T0 + 0.2 + i * 0.01)
-    timing = p.finish(T0 + 0.5, tokens if sent and tokens else None, streaming=True)
-    usage = Usage(12, tokens, 3, None) if sent else Usage()
+            p.token(T0 + 0.2 + i * 0.01, kinds[i] if i < len(kinds) else ANSWER)
+    hidden = 40 if reasoning == "hidden" else None
+    timing = p.finish(T0 + 0.5, tokens + (hidden or 0) if sent and tokens else None, reasoning_tokens=hidden)
+    usage = Usage(12, tokens + (hidden or 0), 3, hidden) if sent else Usage()
     return RequestRecord(
         trace_id=None,
         api="chat_completions",
@@ -178,6 +184,8 @@ SCENARIOS = {
         "",
     ),
     "not-streamed": (streamed(tokens=0, sent=True), carrier(), "a=1"),
+    "reasoning-streamed": (streamed(reasoning="streamed"), carrier(traceparent=True), ""),
+    "reasoning-hidden": (streamed(reasoning="hidden"), carrier(), ""),
 }
 # name: (ours, the SDK's)
 SAMPLERS: dict[str, tuple[ours.Sampler, Sampler]] = {
@@ -252,9 +260,13 @@ def reference(
             del headers["tracestate"]  # ours: a client's tracestate never rides with a trace it is not in
     if root.is_recording():
         root.set_attributes(root_attributes)  # a plug-in sampler's result replaced those given at start
-        under = trace.set_span_in_context(root)
-        for name, begin, end, attrs, status in phases(rec, OFFSET):
-            child = tracer.start_span(name, context=under, kind=SpanKind.INTERNAL, start_time=begin)
+        made: list[Any] = []
+        for name, begin, end, attrs, status, up in phases(rec, OFFSET):
+            above = root if up < 0 else made[up]
+            child = tracer.start_span(
+                name, context=trace.set_span_in_context(above), kind=SpanKind.INTERNAL, start_time=begin
+            )
+            made.append(child)
             child.set_attributes(attrs)
             if status is not None:
                 child.set_status(status)

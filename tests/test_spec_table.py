@@ -50,8 +50,9 @@ def emitted() -> dict[str, set[str]]:
     for status in (200, 429):
         rec = record_for("chat_completions", "m", status, rnd)
         timing = dataclasses.replace(
-            rec.timing, ttfc=0.1, chunk_gaps=(0.01, 0.02), overhead_request=1e-3, relay=(1e-5,)
-        )
+            rec.timing, ttfc=0.1, chunk_gaps=(0.01, 0.02), overhead_request=1e-3, relay=(1e-5,),
+            time_to_first_answer_token=0.3, thinking=0.2,  # a reasoning model's
+        )  # fmt: skip
         genai(dataclasses.replace(rec, timing=timing, upstream="r"))
     genai.stop()
     for scope in provider.collect():

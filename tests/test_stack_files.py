@@ -362,6 +362,8 @@ def test_dashboard_covers_what_an_operator_needs() -> None:
         "taotrace_requests_total",  # request rate
         "error_type",  # error ratio by type
         "histogram_quantile(0.95, sum by (le) (rate(taotrace_time_to_first_token_seconds_bucket",
+        "taotrace_time_to_first_answer_token_seconds_bucket",  # a reasoning model's answer, beside TTFT
+        "taotrace_thinking_seconds_bucket",  # and the thinking before it
         "taotrace_time_per_output_token_seconds_bucket",
         "taotrace_inter_token_latency_seconds_bucket",
         "taotrace_phase_duration_seconds_sum",  # phase split

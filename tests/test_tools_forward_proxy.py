@@ -409,12 +409,12 @@ async def test_demo_real_goes_through_the_forward_proxy(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", forward.url())
     settings = DemoSettings(
-        once=True, port=0, metrics_port=0, max_tokens=4, base_tokens=100, cache_tokens=200,
+        once=True, port=0, metrics_port=0, max_tokens=4, base_tokens=100, cache_tokens=200, reasoning_max_tokens=72,
         real=True, upstream=f"http://upstream.test:{URL(sim.url).port}", api_key=KEY,
     )  # fmt: skip
     out = io.StringIO()
     code, results = await demo(settings, out)
-    assert code == 0 and len(results) == 8 and all(r.client.ok for r in results)
+    assert code == 0 and len(results) == 10 and all(r.client.ok for r in results)  # 3 experiments, 2 reasoning runs
     assert f"through the forward proxy http://127.0.0.1:{forward.port} (from HTTP_PROXY)" in out.getvalue()
     assert forward.seen and all(  # absolute-form: one line per connection (later requests pass as they are)
         s.line.split()[1].startswith(f"http://upstream.test:{URL(sim.url).port}/v1/") for s in forward.seen
@@ -429,10 +429,10 @@ async def test_demo_on_all_interfaces_reaches_its_simulator_directly(monkeypatch
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{_closed_port()}")
     settings = DemoSettings(
         once=True, host="0.0.0.0", port=0, metrics_port=0, time_scale=0.25, max_tokens=4, base_tokens=100,
-        cache_tokens=200,
+        cache_tokens=200, reasoning_max_tokens=72,
     )  # fmt: skip
     code, results = await demo(settings, io.StringIO())
-    assert code == 0 and len(results) == 8 and all(r.client.ok for r in results)
+    assert code == 0 and len(results) == 10 and all(r.client.ok for r in results)  # 3 experiments, 2 reasoning runs
 
 
 async def test_demo_real_refuses_a_bad_proxy_variable_in_one_line(

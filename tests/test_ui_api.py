@@ -16,7 +16,7 @@ from aiohttp import web
 from proxy.config.settings import Settings
 from proxy.workers.supervisor import supervising
 from tests.conftest import Proxied, ProxyFactory
-from tests.fakes import FakeUpstream, Handler, chat_stream, json_handler, stream_handler
+from tests.fakes import FakeUpstream, Handler, chat_chunk, chat_stream, json_handler, sse, stream_handler, usage_chunk
 
 SECRET_KEY = "sk-live-view-must-never-show-this"
 COOKIE = "session=cookie-value-must-never-show"
@@ -392,3 +392,99 @@ async def test_the_metrics_port_still_answers_a_wrong_method_with_405(
             assert response.status == 405 and "GET" in response.headers["Allow"], (method, path)
     async with client.get(proxy.metrics_url + "/ui/nothing.js") as response:
         assert response.status == 404 and "proxy's port" not in await response.text()  # the view's own 404
+
+
+def _reasoning_frames(hidden: bool) -> list[bytes]:
+    """A reasoning model's stream: three streamed thoughts then the answer, or (hidden) the answer
+    alone with 30 reasoning tokens reported."""
+    frames = sse(chat_chunk(role="assistant", content=""), done=False)
+    if not hidden:
+        frames += sse(*[chat_chunk(reasoning_content=f"r{i}") for i in range(3)], done=False)
+    frames += sse(*[chat_chunk(f"a{i}") for i in range(4)], done=False)
+    return frames + sse(
+        chat_chunk(finish="stop"), usage_chunk(5, 4 + (30 if hidden else 3), reasoning=30 if hidden else 3)
+    )
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["streamed", "hidden"])
+async def test_a_reasoning_model_s_thinking_in_the_waterfall(
+    hidden: bool, start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    async with start_proxy() as p:
+        p.serve(stream_handler(_reasoning_frames(hidden), first_delay=0.05, gap=0.02))
+        await _stream(client, p, model="o3-mini")
+        rec = p.records[-1]
+        t = rec.timing
+        status, body = await _get(client, p.metrics_url + "/api/requests")
+        row = body["requests"][0]
+        assert (row["ttft"], row["time_to_first_answer_token"]) == (t.ttft, t.time_to_first_answer_token)
+        assert (row["thinking"], row["thinking_estimated"]) == (t.thinking, t.thinking_estimated)
+        status, one = await _get(client, f"{p.metrics_url}/api/requests/{rec.trace_id}")
+        names = [s["name"] for s in one["spans"][1:]]
+        exported = {s.context.span_id: s for s in p.spans() if format(s.context.trace_id, "032x") == rec.trace_id}
+        (thinking,) = [s for s in exported.values() if s.name == "thinking"]
+        (shown,) = [s for s in one["spans"] if s["name"] == "thinking"]
+        assert shown["end"] - shown["start"] == pytest.approx((thinking.end_time - thinking.start_time) / 1e9, abs=2e-6)
+        assert shown["parent"] == exported[thinking.parent.span_id].name  # drawn inside the phase it belongs to
+        assert shown["attributes"] == dict(thinking.attributes)
+        assert "first_answer_token" not in one["record"]["timing"]  # an instant: shown as the spans' offsets
+        if hidden:  # an estimate, a split of prefill_wait, drawn as one
+            assert names == ["network", "prefill_wait", "thinking", "decode"]
+            assert shown["estimated"] is True and shown["parent"] == "prefill_wait" and shown["end"] == t.ttft
+            assert one["record"]["timing"]["thinking_estimated"] == t.thinking_estimated
+            assert one["marks"]["first_answer"] == t.ttft
+        else:
+            assert names == ["network", "prefill_wait", "decode", "thinking"]
+            assert shown["estimated"] is False and shown["parent"] == "decode"
+            assert shown["start"] == pytest.approx(t.ttft) and shown["end"] == pytest.approx(
+                t.time_to_first_answer_token
+            )
+            assert one["marks"]["first_answer"] == t.time_to_first_answer_token > t.ttft  # type: ignore[operator]
+
+
+async def test_a_running_request_thinking_shows_the_phase(
+    start_proxy: ProxyFactory, client: aiohttp.ClientSession
+) -> None:
+    """While a reasoning model streams its thoughts the request is `thinking`; its answer's first
+    token turns it to decode, its thinking span ending there."""
+    frames = _reasoning_frames(hidden=False)
+    answer = asyncio.Event()
+    done = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for frame in frames[:4]:  # the role chunk and the three thoughts
+            await response.write(frame)
+        await answer.wait()
+        await response.write(frames[4])
+        await done.wait()
+        for frame in frames[5:]:
+            await response.write(frame)
+        await response.write_eof()
+        return response
+
+    async with start_proxy() as p:
+        p.serve(handler)
+        calling = asyncio.ensure_future(_stream(client, p, model="o3-mini"))
+        try:
+            url = p.metrics_url
+            body = await _running_until(client, url, lambda rows: [r["phase"] for r in rows] == ["thinking"])
+            row = body["in_flight"][0]
+            assert row["first_answer"] is None and row["output_tokens"] == 3
+            status, one = await _get(client, f"{url}/api/requests/{row['id']}")
+            (thinking,) = [s for s in one["spans"] if s["name"] == "thinking"]
+            assert thinking["start"] == row["ttft"] and thinking["parent"] == "decode"
+            answer.set()
+            body = await _running_until(client, url, lambda rows: [r["phase"] for r in rows] == ["decode"])
+            row = body["in_flight"][0]
+            assert row["first_answer"] > row["ttft"]
+            status, one = await _get(client, f"{url}/api/requests/{row['id']}")
+            (thinking,) = [s for s in one["spans"] if s["name"] == "thinking"]
+            assert (thinking["start"], thinking["end"]) == (row["ttft"], row["first_answer"])
+            assert one["marks"]["first_answer"] == row["first_answer"]
+        finally:
+            answer.set()
+            done.set()
+            await calling

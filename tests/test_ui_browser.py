@@ -150,7 +150,7 @@ def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
     assert demo.post("/v1/chat/completions", _chat("gpt-4o", 16), {"x-sim-fail": "429"}) == 429
     assert demo.post("/v1/chat/completions", _chat("gpt-4o-mini", 64), {"x-sim-fail": "cut"}) == 0
     rows = demo.api("/api/requests")["requests"]
-    assert len(rows) == 13  # the demo's warm-up GET, 8 runs, and the four above
+    assert len(rows) == 15  # the demo's warm-up GET, 10 runs, and the four above
     cut = next(r for r in rows if r["error_type"] == "stream_cut")
     plain = next(r for r in rows if r["api"] == "chat_completions" and not r["stream"])
     # gpt-4o at the demo's time scale: ~6 ms a token, so 1,200 tokens run for about 7 s.
@@ -179,7 +179,7 @@ def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
             headers = page.eval_on_selector_all("#requests thead th", "ths => ths.map(t => t.textContent)")
             for unit in ("TTFT (ms)", "TPOT (ms)", "out (tokens)", "cached in (tokens)", "duration (ms)"):
                 assert unit in headers
-            assert page.locator("#finished .phasebar .seg.decode").count() == 10  # the 8 runs, messages, the cut one
+            assert page.locator("#finished .phasebar .seg.decode").count() == 12  # the 10 runs, messages, the cut one
             unknown = page.text_content(f'#finished tr[data-id="{rows[-1]["id"]}"] td.model')
             assert unknown == "unknown"  # the warm-up GET names no model, as the overview says
             _shoot(page, "requests", tmp_path)
@@ -256,6 +256,41 @@ def test_the_live_view_in_a_browser(demo: Demo, tmp_path: Path) -> None:
             assert attrs["timing.ttft"] == f"{big['ttft'] * 1000:.1f} ms"  # ms, as everywhere on the page
             assert attrs["cost"] == "–" and attrs["error_type"] == "–"  # one symbol for "empty"
             _shoot(page, "waterfall", tmp_path)
+
+            # A reasoning model: its streamed thinking inside decode, the answer's first token marked.
+            streamed = next(r for r in rows if r["model"] == "o3-mini")
+            page.goto(f"{demo.view_url}/#trace/{streamed['id']}")
+            bar = page.wait_for_selector('.wf-row[data-span="thinking"] .wf-bar.thinking')
+            assert "estimated" not in (bar.get_attribute("class") or "")
+            shown = float(page.get_attribute('.wf-row[data-span="thinking"] .wf-dur', "data-seconds") or "nan")
+            assert shown == pytest.approx(streamed["thinking"], abs=1e-9)
+            names = page.eval_on_selector_all(".wf-row .wf-name", "ns => ns.map(n => n.textContent)")
+            assert names[1:] == ["network", "prefill_wait", "decode", "thinking", "marks"]  # inside decode, under it
+            assert page.locator(".wf-name.inner").count() == 1
+            marks = page.eval_on_selector_all(".wf-mark", "ms => ms.map(m => m.textContent)")
+            assert any(m.startswith("first answer token ") for m in marks)
+            conn = dict(
+                page.eval_on_selector_all("#conn tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+            )
+            assert conn["thinking (streamed reasoning, measured)"] == f"{streamed['thinking'] * 1000:.1f} ms"
+            assert "answer pace" in conn and "reasoning pace" in conn
+            _shoot(page, "thinking", tmp_path)
+            # A model that hid its thinking: the estimate inside prefill_wait, drawn as one.
+            hidden = next(r for r in rows if r["model"] == "o4-mini")
+            page.goto(f"{demo.view_url}/#trace/{hidden['id']}")
+            row = page.wait_for_selector('.wf-row[data-estimated="true"]')
+            assert (row.text_content() or "").startswith("thinking (estimated)")
+            assert page.locator(".wf-bar.thinking.estimated").count() == 1
+            assert page.locator(".wf-bar.thinking:not(.estimated)").count() == 0  # nothing measured
+            assert "estimated, not measured" in (page.get_attribute(".wf-bar.thinking.estimated", "title") or "")
+            names = page.eval_on_selector_all(".wf-row .wf-name", "ns => ns.map(n => n.textContent)")
+            assert names[1:] == ["network", "prefill_wait", "thinking (estimated)", "decode", "marks"]
+            conn = dict(
+                page.eval_on_selector_all("#conn tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+            )
+            assert conn["hidden thinking (estimated, not measured)"] == f"{hidden['thinking_estimated'] * 1000:.1f} ms"
+            assert "thinking (streamed reasoning, measured)" not in conn
+            _shoot(page, "thinking-hidden", tmp_path)
 
             # A stream cut mid-way: marked where it broke, with its error type.
             page.goto(f"{demo.view_url}/#trace/{cut['id']}")

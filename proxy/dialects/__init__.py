@@ -2,8 +2,8 @@
 
 One module per dialect, each defining one `Dialect` (`DIALECT`): its path suffix and `api`
 label, its GenAI operation and provider, the request parameters it records, and the
-`StreamReader` class of its answers. A reader is fed SSE events and answers "was that a token?"
-while it gathers usage, finish reasons, the response id and model, and mid-stream errors, and
+`StreamReader` class of its answers. A reader is fed SSE events and answers "was that a token,
+and of the answer or of the reasoning?" (`ANSWER`, `REASONING`, or `NOT_TOKEN`) while it gathers usage, finish reasons, the response id and model, and mid-stream errors, and
 sets `done` once the dialect's terminal event has gone by (`[DONE]`, `message_stop`,
 `response.completed` / `incomplete` / `failed`: after it the answer is whole, whatever the
 connection does next); `read_body` does the same for a whole non-streaming JSON body.
@@ -28,11 +28,12 @@ from proxy.dialects.completions import API_COMPLETIONS
 from proxy.dialects.dialect import API_OTHER, Dialect, RequestInfo, request_info
 from proxy.dialects.embeddings import API_EMBEDDINGS, EMBEDDINGS_FULL_PARSE
 from proxy.dialects.messages import API_MESSAGES
-from proxy.dialects.reader import StreamReader, Usage, is_chunk, nonneg_int
+from proxy.dialects.reader import ANSWER, NOT_TOKEN, REASONING, StreamReader, Usage, is_chunk, nonneg_int
 from proxy.dialects.registry import Dialects
 from proxy.dialects.responses import API_RESPONSES
 
 __all__ = [
+    "ANSWER",
     "API_CHAT",
     "API_COMPLETIONS",
     "API_EMBEDDINGS",
@@ -41,6 +42,8 @@ __all__ = [
     "API_RESPONSES",
     "DIALECTS",
     "EMBEDDINGS_FULL_PARSE",
+    "NOT_TOKEN",
+    "REASONING",
     "Dialect",
     "Dialects",
     "RequestInfo",

@@ -7,7 +7,17 @@ from typing import Any
 
 from proxy.dialects.content import Message, Output, Part, arguments, text_part, uri_part
 from proxy.dialects.dialect import COMMON_PARAMS, Dialect
-from proxy.dialects.reader import StreamReader, items, loads, nonempty, openai_output_type, openai_usage
+from proxy.dialects.reader import (
+    ANSWER,
+    NOT_TOKEN,
+    REASONING,
+    StreamReader,
+    items,
+    loads,
+    nonempty,
+    openai_output_type,
+    openai_usage,
+)
 from proxy.dialects.sse import SSEEvent
 
 __all__ = ["API_CHAT", "DIALECT", "ChatReader", "input_messages"]
@@ -20,14 +30,14 @@ class ChatReader(StreamReader):
 
     __slots__ = ()
 
-    def feed(self, event: SSEEvent) -> bool:
+    def feed(self, event: SSEEvent) -> int:
         data = event.data
         if data == b"[DONE]":  # the comparison the base class made anyway: the terminal check is free
             self.done = True
-            return False
+            return NOT_TOKEN
         obj = loads(data)
         if not isinstance(obj, dict):
-            return False
+            return NOT_TOKEN
         return self._read(event.event, obj)
 
     @property
@@ -37,17 +47,17 @@ class ChatReader(StreamReader):
         OpenAI-compatible servers never send it."""
         return bool(self.finish_reasons)
 
-    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+    def _read(self, kind: str, obj: dict[str, Any]) -> int:
         if "error" in obj and obj["error"]:
             self.error_type = "stream_error"
-            return False
+            return NOT_TOKEN
         # This runs once per chunk: the calls below are skipped when they could change nothing.
         if self.response_id is None or self.response_model is None:
             self._meta(obj)
         usage = obj.get("usage")
         if usage:
             self.usage = openai_usage(usage) or self.usage
-        token = False
+        token = NOT_TOKEN
         for choice in items(obj.get("choices")):
             if not isinstance(choice, dict):
                 continue
@@ -56,32 +66,38 @@ class ChatReader(StreamReader):
                 self._finish(reason)
                 if self.out is not None:
                     self.out.finish(reason, choice.get("index"))
-            if self._choice_has_token(choice):
-                token = True
+            found = self._choice_token(choice)
+            if found and token != ANSWER:  # n > 1: one choice's answer outweighs another's reasoning
+                token = found
         return token
 
-    def _choice_has_token(self, choice: dict[str, Any]) -> bool:
+    def _choice_token(self, choice: dict[str, Any]) -> int:
         delta = choice.get("delta")
         if not isinstance(delta, dict):
-            return False
+            return NOT_TOKEN
         content = delta.get("content")
         out = self.out  # None unless capture is on: then nothing below is kept
         if isinstance(content, str) and content:
             if out is not None:
                 out.text(content, choice.get("index"))
-            return True  # the common chunk: the other fields cannot change the answer or the capture
-        found = False
+            return ANSWER  # the common chunk: the other fields cannot change the answer or the capture
+        found = NOT_TOKEN
+        # DeepSeek's `reasoning_content`, vLLM's and OpenRouter's `reasoning` (beside an empty
+        # `content`): reasoning; a refusal or a tool call's arguments: the answer.
         for key in ("reasoning_content", "reasoning", "refusal"):
             value = delta.get(key)
             if nonempty(value):
-                found = True
+                if key == "refusal":
+                    found = ANSWER
+                elif not found:
+                    found = REASONING
                 if out is not None:
                     out.text(value, choice.get("index"), "text" if key == "refusal" else "reasoning")
         for call in items(delta.get("tool_calls")):
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict):
                 if nonempty(fn.get("arguments")):
-                    found = True
+                    found = ANSWER
                 if out is not None:
                     out.tool_call(
                         call.get("index"), call.get("id"), fn.get("name"), fn.get("arguments"), choice.get("index")

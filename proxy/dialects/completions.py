@@ -8,7 +8,7 @@ from typing import Any
 from proxy.dialects.chat import ChatReader
 from proxy.dialects.content import Message, Part
 from proxy.dialects.dialect import COMMON_PARAMS, Dialect
-from proxy.dialects.reader import items, nonempty
+from proxy.dialects.reader import ANSWER, NOT_TOKEN, items, nonempty
 
 __all__ = ["API_COMPLETIONS", "DIALECT", "CompletionsReader"]
 
@@ -20,10 +20,10 @@ class CompletionsReader(ChatReader):
 
     __slots__ = ()
 
-    def _choice_has_token(self, choice: dict[str, Any]) -> bool:
+    def _choice_token(self, choice: dict[str, Any]) -> int:
         text = choice.get("text")
         self._keep(text, choice.get("index"))
-        return nonempty(text)
+        return ANSWER if nonempty(text) else NOT_TOKEN
 
 
 def input_messages(obj: dict[str, Any]) -> tuple[list[Message], list[Part] | None]:

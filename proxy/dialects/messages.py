@@ -10,7 +10,7 @@ import orjson
 
 from proxy.dialects.content import Message, Output, Part, text_part, uri_part
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.reader import StreamReader, Usage, items, loads, nonempty, nonneg_int
+from proxy.dialects.reader import ANSWER, NOT_TOKEN, REASONING, StreamReader, Usage, items, loads, nonempty, nonneg_int
 from proxy.dialects.sse import SSEEvent
 
 __all__ = ["API_MESSAGES", "DIALECT", "MessagesReader", "input_messages"]
@@ -44,7 +44,7 @@ class MessagesReader(StreamReader):
     __slots__ = ()
     SKIP = frozenset({"ping", "content_block_start", "content_block_stop", "message_stop"})
 
-    def feed(self, event: SSEEvent) -> bool:
+    def feed(self, event: SSEEvent) -> int:
         kind = event.event
         if kind in self.SKIP:
             if kind == "message_stop":  # checked only among the skipped events: free for the deltas
@@ -53,10 +53,10 @@ class MessagesReader(StreamReader):
                 obj = loads(event.data)
                 if isinstance(obj, dict):
                     _block_start(self.out, obj)
-            return False
+            return NOT_TOKEN
         obj = loads(event.data)
         if not isinstance(obj, dict):
-            return False
+            return NOT_TOKEN
         return self._read(kind, obj)
 
     @property
@@ -65,14 +65,16 @@ class MessagesReader(StreamReader):
         Anthropic-compatible gateways close the stream right after `message_delta`."""
         return bool(self.finish_reasons)
 
-    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+    def _read(self, kind: str, obj: dict[str, Any]) -> int:
         typ = obj.get("type")
         if isinstance(typ, str):
             kind = typ
         if kind == "content_block_delta":
             delta = obj.get("delta")
             if not isinstance(delta, dict):
-                return False
+                return NOT_TOKEN
+            # `thinking_delta` is reasoning; its block's closing `signature_delta` is no token, and a
+            # `redacted_thinking` block streams none (its data comes whole in the block's start).
             for key in ("text", "thinking", "partial_json"):
                 value = delta.get(key)
                 if nonempty(value):
@@ -82,8 +84,8 @@ class MessagesReader(StreamReader):
                             out.tool_call(obj.get("index"), None, None, value)
                         else:
                             out.text(value, 0, "text" if key == "text" else "reasoning")
-                    return True
-            return False
+                    return REASONING if key == "thinking" else ANSWER
+            return NOT_TOKEN
         if kind == "message_start":
             message = obj.get("message")
             if isinstance(message, dict):
@@ -102,7 +104,7 @@ class MessagesReader(StreamReader):
             self.done = True
         elif kind == "error":
             self.error_type = "stream_error"
-        return False
+        return NOT_TOKEN
 
     def _read_whole(self, obj: dict[str, Any]) -> None:
         self._meta(obj)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 import orjson
 
@@ -17,7 +17,10 @@ from proxy.dialects.content import Output, bounded_json
 from proxy.dialects.sse import SSEEvent
 
 __all__ = [
+    "ANSWER",
     "MAX_MODEL_LENGTH",
+    "NOT_TOKEN",
+    "REASONING",
     "StreamReader",
     "Usage",
     "is_chunk",
@@ -31,6 +34,13 @@ __all__ = [
 ]
 
 MAX_MODEL_LENGTH = 256
+
+# What `StreamReader.feed` answers for one event: no token (falsy), a token of the answer (text,
+# refusal, tool-call arguments), or a token of the model's reasoning (streamed thinking). Plain
+# ints, compared once per event; a reader returning a bool (a plug-in's) gives NOT_TOKEN or ANSWER.
+NOT_TOKEN: Final = 0
+ANSWER: Final = 1
+REASONING: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +151,13 @@ class StreamReader:
         # The answer's parts (text, reasoning, tool calls), only with capture on: None costs nothing.
         self.out: Output | None = Output(self.MAX_CAPTURE) if capture_content else None
 
-    def feed(self, event: SSEEvent) -> bool:
-        """True when the event carried generated output (a token event)."""
+    def feed(self, event: SSEEvent) -> int:
+        """What the event carried: `ANSWER` or `REASONING` for a token event, else `NOT_TOKEN` (0)."""
         if event.event in self.SKIP or event.data == b"[DONE]":
-            return False
+            return NOT_TOKEN
         obj = loads(event.data)
         if not isinstance(obj, dict):
-            return False
+            return NOT_TOKEN
         return self._read(event.event, obj)
 
     def read_body(self, body: bytes) -> None:
@@ -203,7 +213,7 @@ class StreamReader:
         if self.response_model is None:
             self.response_model = model_name(obj.get("model"))
 
-    def _read(self, kind: str, obj: dict[str, Any]) -> bool:  # pragma: no cover - abstract
+    def _read(self, kind: str, obj: dict[str, Any]) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _read_whole(self, obj: dict[str, Any]) -> None:  # pragma: no cover - abstract

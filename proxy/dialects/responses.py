@@ -7,7 +7,16 @@ from typing import Any
 
 from proxy.dialects.content import Message, Output, Part, arguments, text_part, uri_part
 from proxy.dialects.dialect import Dialect
-from proxy.dialects.reader import StreamReader, items, nonempty, openai_output_type, openai_usage
+from proxy.dialects.reader import (
+    ANSWER,
+    NOT_TOKEN,
+    REASONING,
+    StreamReader,
+    items,
+    nonempty,
+    openai_output_type,
+    openai_usage,
+)
 from proxy.dialects.sse import SSEEvent
 
 __all__ = ["API_RESPONSES", "DIALECT", "ResponsesReader", "input_messages"]
@@ -25,6 +34,8 @@ _TOKENS = frozenset(
         "response.audio.transcript.delta",
     }
 )
+# Of those, the model's reasoning: its raw text (open-weight models) and its summary (OpenAI's).
+_REASONING = frozenset({"response.reasoning_text.delta", "response.reasoning_summary_text.delta"})
 _END = frozenset({"response.completed", "response.failed", "response.incomplete"})
 
 
@@ -33,14 +44,14 @@ class ResponsesReader(StreamReader):
 
     __slots__ = ()
 
-    def feed(self, event: SSEEvent) -> bool:
+    def feed(self, event: SSEEvent) -> int:
         kind = event.event
         # Only deltas, the start, the end and errors carry anything we read.
         if kind != "message" and not (kind in _TOKENS or kind in _END or kind == "response.created" or kind == "error"):
-            return False
+            return NOT_TOKEN
         return super().feed(event)
 
-    def _read(self, kind: str, obj: dict[str, Any]) -> bool:
+    def _read(self, kind: str, obj: dict[str, Any]) -> int:
         typ = obj.get("type")
         if isinstance(typ, str):
             kind = typ
@@ -48,17 +59,19 @@ class ResponsesReader(StreamReader):
             delta = obj.get("delta")
             if kind == "response.output_text.delta":
                 self._keep(delta)
-            return nonempty(delta)
+            if not nonempty(delta):
+                return NOT_TOKEN
+            return REASONING if kind in _REASONING else ANSWER
         if kind == "error":
             self.error_type = "stream_error"
-            return False
+            return NOT_TOKEN
         if kind in _END:
             self.done = True
             if kind == "response.failed":
                 self.error_type = "stream_error"
         response = obj.get("response")
         if not isinstance(response, dict):
-            return False
+            return NOT_TOKEN
         self._meta(response)
         if kind in _END:
             self.usage = openai_usage(response.get("usage")) or self.usage
@@ -68,7 +81,7 @@ class ResponsesReader(StreamReader):
             self._finish(reason or status)
             if self.out is not None:
                 self._output(response, reason or status)
-        return False
+        return NOT_TOKEN
 
     def _read_whole(self, obj: dict[str, Any]) -> None:
         self._meta(obj)

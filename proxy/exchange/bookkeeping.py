@@ -98,7 +98,13 @@ class Bookkeeper:
             reader = x.dialect.read_body(bytes(copy), self.capture_content)  # a whole (< 400) body
         streaming = info.stream or phase.tokens > 0
         usage, source = usage_of(reader, streaming, phase.tokens)
-        timing = phase.finish(t_end, usage.output_tokens, streaming=streaming, last_byte=last_byte)
+        timing = phase.finish(
+            t_end,
+            usage.output_tokens,
+            streaming=streaming,
+            last_byte=last_byte,
+            reasoning_tokens=usage.reasoning_tokens,
+        )
         response_model = reader.response_model if reader is not None else None
         text = reader.output_messages if reader is not None else None
         value = reader.output_value if reader is not None and self.capture_io_values else None

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from proxy.config.routes import Route
-from proxy.dialects import Dialect, RequestInfo
+from proxy.dialects import REASONING, Dialect, RequestInfo
 from proxy.errors import ErrorType
 from proxy.exchange.inflight import Counted, InFlight
 from proxy.exchange.outcome import End, Facts
@@ -72,7 +72,7 @@ class Exchange:
         t0 = phase.t0
         streaming = info.stream or (relay is not None and relay.decoder is not None)
         if phase.tokens:
-            reached = "decode"
+            reached = "thinking" if phase.kind == REASONING else "decode"
         elif phase.t_headers is None:
             reached = "network" if phase.t_sent is None else "headers"
         else:
@@ -100,6 +100,7 @@ class Exchange:
             last_byte=None if written is None else written - t0,
             output_tokens=phase.tokens,
             gaps=phase.gaps() if gaps else (),
+            first_answer=None if phase.t_first_answer is None else phase.t_first_answer - t0,
         )
 
     def facts(self) -> Facts:

@@ -27,8 +27,9 @@ log = logging.getLogger("taotrace")
 
 # The phase a running request has reached: writing the request (network), waiting for the
 # response head (headers), a stream open with no token yet (prefill_wait), tokens arriving
-# (decode), or a response that is not a stream arriving (response).
-PHASES = ("network", "headers", "prefill_wait", "decode", "response")
+# (decode; `thinking` while the last of them was a reasoning model's reasoning), or a response
+# that is not a stream arriving (response).
+PHASES = ("network", "headers", "prefill_wait", "decode", "thinking", "response")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +57,7 @@ class InFlight:
     last_byte: float | None  # the last bytes written to the client so far
     output_tokens: int  # token events so far
     gaps: tuple[float, ...] = ()  # inter-token gaps so far: only when one request is asked for
+    first_answer: float | None = None  # a reasoning model's answer's first token, once it came
 
 
 class InFlightExchange(Protocol):

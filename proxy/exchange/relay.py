@@ -203,8 +203,9 @@ class Relay:
                 for event in self.decoder.feed(chunk):  # type: ignore[union-attr]
                     if is_chunk(event):
                         phase.chunk(t)
-                    if reader.feed(event):
-                        phase.token(t)
+                    kind = reader.feed(event)
+                    if kind:
+                        phase.token(t, kind)
             except Exception:  # parsing is best effort, forwarding is not
                 log.debug("stream parse failed; timing for this request is partial", exc_info=True)
                 self.reader = None

@@ -5,6 +5,12 @@
 TTFT = t_first − t0; TPOT = (t_last − t_first) / (output_tokens − 1) (vLLM: the first token is
 excluded); ITL = gaps between consecutive token events; duration = t_end − t0.
 
+A reasoning model's stream is two kinds of token (`dialects.ANSWER`, `REASONING`): the answer's
+first token gets its own time (`time_to_first_answer_token`), and the time it spent on streamed
+reasoning before it is the thinking phase (`thinking`, inside decode). Reasoning the upstream
+only counts (`reasoning_tokens` in its usage, nothing streamed) is estimated, never measured:
+`thinking_estimated`, a split of prefill_wait. docs/timing.md defines each number.
+
 A *chunk* (OpenTelemetry GenAI's word) is one streamed item a client SDK would yield: any SSE
 event with data except `[DONE]` and `ping` (see `dialects.is_chunk`), token or not. TTFC =
 first chunk − t0; the chunk gaps feed `gen_ai.client.operation.time_per_output_chunk`.
@@ -15,7 +21,11 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-__all__ = ["PhaseClock", "RequestTiming"]
+from proxy.dialects import ANSWER, REASONING
+
+__all__ = ["MAX_THINKING_SPANS", "PhaseClock", "RequestTiming"]
+
+MAX_THINKING_SPANS = 32  # reasoning runs kept as (start, end) for spans; all of them are counted
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +57,30 @@ class RequestTiming:
     overhead_request: float | None = None
     relay: tuple[float, ...] = ()  # per upstream read: handed to us -> written to the client socket
     time_to_last_byte: float | None = None  # the last body bytes written to the client: where a cut stream broke
+    # Reasoning (docs/timing.md). Streamed: the answer's first token, the thinking before it, every
+    # reasoning run (interleaved thinking) as (start, end) instants. Hidden: only the estimate.
+    time_to_first_answer_token: float | None = None
+    thinking: float | None = None  # first token (a reasoning one) -> first answer token
+    thinking_total: float | None = None  # every reasoning run, interleaved ones included
+    thinking_spans: tuple[float, ...] = ()  # start, end of each run (the first MAX_THINKING_SPANS)
+    reasoning_token_events: int = 0
+    answer_tpot: float | None = None  # the answer's own time per output token
+    thinking_estimated: float | None = None  # hidden reasoning: an estimate, never measured
+
+
+@dataclass(frozen=True, slots=True)
+class _Reasoning:
+    """The reasoning fields of one stream's timing, as `PhaseClock.finish` derives them."""
+
+    thinking: float | None = None
+    total: float | None = None
+    spans: tuple[float, ...] = ()
+    events: int = 0
+    answer_tpot: float | None = None
+    estimated: float | None = None
+
+
+_NO_REASONING = _Reasoning()
 
 
 class PhaseClock:
@@ -55,6 +89,7 @@ class PhaseClock:
     __slots__ = (
         "t0", "t_sent", "t_headers", "t_first_byte", "t_first", "t_last", "tokens", "_gaps",
         "reused", "pool_wait", "dns", "connect", "_mark", "t_first_chunk", "t_last_chunk", "_chunk_gaps", "relay",
+        "kind", "t_first_answer", "_thought_first", "_run_start", "_run_tokens", "_thinking", "_reasoning", "_runs",
     )  # fmt: skip
 
     def __init__(self, t0: float) -> None:
@@ -75,6 +110,14 @@ class PhaseClock:
         self.t_last_chunk = 0.0
         self._chunk_gaps = array("d")
         self.relay = array("d")  # appended to by the relay, once per upstream read
+        self.kind = 0  # the last token's kind (ANSWER, REASONING); 0 before the first
+        self.t_first_answer: float | None = None
+        self._thought_first = False  # the first token was reasoning: the thinking phase came first
+        self._run_start = 0.0  # the reasoning run under way: its first token's instant and index
+        self._run_tokens = 0
+        self._thinking = 0.0  # the reasoning runs ended so far: their time and token events
+        self._reasoning = 0
+        self._runs = array("d")  # their (start, end) instants, the first MAX_THINKING_SPANS
 
     def mark(self, t: float) -> None:
         """A connection step (pool wait, DNS, connect) started."""
@@ -96,14 +139,33 @@ class PhaseClock:
         if self.t_first_byte is None:
             self.t_first_byte = t
 
-    def token(self, t: float) -> None:
-        """One token event arrived (read at time t)."""
+    def token(self, t: float, kind: int = ANSWER) -> None:
+        """One token event of `kind` (`ANSWER`, `REASONING`) arrived (read at time t)."""
+        if kind != self.kind:  # only where the stream turns: the answer begins, or thinking (again)
+            self._turn(t, kind)
         if self.t_first is None:
             self.t_first = t
         else:
             self._gaps.append(t - self.t_last)  # type: ignore[operator]
         self.t_last = t
         self.tokens += 1
+
+    def _turn(self, t: float, kind: int) -> None:
+        """The token at `t` is of another kind than the last: a reasoning run ends at the answer
+        token that follows it, and one begins at a reasoning token."""
+        if self.kind == REASONING:
+            self._thinking += t - self._run_start
+            self._reasoning += self.tokens - self._run_tokens
+            if len(self._runs) < 2 * MAX_THINKING_SPANS:
+                self._runs.extend((self._run_start, t))
+        if kind == REASONING:
+            self._run_start = t
+            self._run_tokens = self.tokens
+            if self.t_first is None:
+                self._thought_first = True
+        elif self.t_first_answer is None:
+            self.t_first_answer = t
+        self.kind = kind
 
     def chunk(self, t: float) -> None:
         """One streamed chunk (token or not) arrived (read at time t)."""
@@ -118,16 +180,26 @@ class PhaseClock:
         return tuple(self._gaps)
 
     def finish(
-        self, t_end: float, output_tokens: int | None = None, streaming: bool = True, last_byte: float | None = None
+        self,
+        t_end: float,
+        output_tokens: int | None = None,
+        streaming: bool = True,
+        last_byte: float | None = None,
+        reasoning_tokens: int | None = None,
     ) -> RequestTiming:
-        """Freeze the phases. `output_tokens` is the reported count when there is one;
-        `last_byte`, when the last body bytes were written to the client."""
+        """Freeze the phases. `output_tokens` is the reported count when there is one, and
+        `reasoning_tokens` the reported part of it that was reasoning; `last_byte`, when the last
+        body bytes were written to the client."""
         t0 = self.t0
         first, last = (self.t_first, self.t_last) if streaming else (None, None)
         tpot = None
         n = output_tokens if output_tokens is not None else self.tokens
         if first is not None and last is not None and n >= 2 and last > first:
             tpot = (last - first) / (n - 1)
+        answer = self.t_first_answer if streaming else None
+        r = _NO_REASONING
+        if first is not None and last is not None and (self.kind == REASONING or self._reasoning or reasoning_tokens):
+            r = self._reasoning_of(first, last, n, reasoning_tokens)
         return RequestTiming(
             start=t0,
             end=t_end,
@@ -153,7 +225,43 @@ class PhaseClock:
             overhead_request=None if self.t_sent is None else self.t_sent_overhead(),
             relay=tuple(self.relay),
             time_to_last_byte=None if last_byte is None else last_byte - t0,
+            time_to_first_answer_token=None if answer is None else answer - t0,
+            thinking=r.thinking,
+            thinking_total=r.total,
+            thinking_spans=r.spans,
+            reasoning_token_events=r.events,
+            answer_tpot=r.answer_tpot,
+            thinking_estimated=r.estimated,
         )
+
+    def _reasoning_of(self, first: float, last: float, n: int, reported: int | None) -> _Reasoning:
+        """A stream's reasoning numbers (docs/timing.md): measured from its reasoning runs when
+        reasoning was streamed; estimated (prefill_wait's hidden share) when the upstream reported
+        reasoning tokens it never streamed."""
+        total, events, spans = self._thinking, self._reasoning, tuple(self._runs)
+        if self.kind == REASONING:  # the stream ended thinking: its last run ends at its last token
+            total += last - self._run_start
+            events += self.tokens - self._run_tokens
+            if len(spans) < 2 * MAX_THINKING_SPANS:
+                spans += (self._run_start, last)
+        # The answer's tokens: the output less the reported reasoning; without a report, the
+        # answer's token events when reasoning was streamed (no other split is known), else all.
+        if reported is not None:
+            answer_tokens = n - reported
+        else:
+            answer_tokens = self.tokens - events if events else n
+        answer_time = last - first - total  # the reasoning runs and the answer's partition decode
+        answer_tpot = answer_time / (answer_tokens - 1) if answer_tokens >= 2 and answer_time > 0 else None
+        if events:
+            thinking = None
+            if self._thought_first:  # until the answer began, or (none came) the last token
+                thinking = (last if self.t_first_answer is None else self.t_first_answer) - first
+            return _Reasoning(thinking, total, spans, events, answer_tpot)
+        estimated = None
+        if reported and answer_tpot is not None and self.t_sent is not None:
+            # Hidden: the reported reasoning at the answer's own pace, within the wait it hid in.
+            estimated = min(reported * answer_tpot, first - self.t_sent)
+        return _Reasoning(answer_tpot=answer_tpot, estimated=estimated)
 
     def t_sent_overhead(self) -> float:
         """The proxy's own time before the request was written: t_sent − t0 without the steps that

@@ -2,7 +2,8 @@
 `content_block_stop`, `message_delta` (stop_reason, cumulative `usage.output_tokens`), `message_stop`.
 
 A reasoning model opens with a `thinking` block (`thinking_delta`s, then a `signature_delta`)
-before its `text` block. Usage follows Anthropic: `input_tokens` excludes cache reads, which are
+before its `text` block; one whose reasoning is hidden, with a `redacted_thinking` block (its
+opaque `data` whole in the block's start, no deltas) while it thinks. Usage follows Anthropic: `input_tokens` excludes cache reads, which are
 `cache_read_input_tokens`. A mid-stream failure is `event: error` with an `overloaded_error`.
 """
 
@@ -35,14 +36,17 @@ class MessagesWriter:
         self._reasoning = len(meta.output.reasoning)
         self._block = -1
         self._signature = new_id("sig_", 48)
+        self._redacted = new_id("", 64)  # a hidden reasoning's opaque data
 
     def _start_block(self, kind: str) -> bytes:
         self._block += 1
-        block = (
-            {"type": "thinking", "thinking": "", "signature": ""}
-            if kind == "thinking"
-            else {"type": "text", "text": ""}
-        )
+        block: dict[str, Any]
+        if kind == "thinking":
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+            if self.meta.output.hidden:
+                block = {"type": "redacted_thinking", "data": self._redacted}
+        else:
+            block = {"type": "text", "text": ""}
         return named_event(
             "content_block_start", {"type": "content_block_start", "index": self._block, "content_block": block}
         )
@@ -51,7 +55,7 @@ class MessagesWriter:
         if self._block < 0:
             return b""
         head = b""
-        if self._block == 0 and self._reasoning:
+        if self._block == 0 and self._reasoning and not self.meta.output.hidden:
             head = named_event(
                 "content_block_delta",
                 {
@@ -87,6 +91,8 @@ class MessagesWriter:
     def token(self, index: int) -> bytes:
         out = self.meta.output
         if index < self._reasoning:
+            if out.hidden:
+                return b""  # thinking inside the redacted block: nothing is streamed
             delta = {"type": "thinking_delta", "thinking": out.reasoning[index]}
             head = b""
         else:
@@ -123,7 +129,9 @@ class MessagesWriter:
     def body(self, usage: SimUsage) -> dict[str, Any]:
         out = self.meta.output
         content: list[dict[str, Any]] = []
-        if self._reasoning:
+        if self._reasoning and out.hidden:
+            content.append({"type": "redacted_thinking", "data": self._redacted})
+        elif self._reasoning:
             content.append({"type": "thinking", "thinking": out.reasoning_text, "signature": self._signature})
         content.append({"type": "text", "text": out.text})
         return self._message(usage, content, _STOP[out.finish], usage.output_tokens)

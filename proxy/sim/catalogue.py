@@ -1,7 +1,8 @@
 """The simulated models: their shape (for KV-cache bytes) and their timing constants.
 
 Shapes follow open models of a similar class so that bytes per token are plausible:
-`gpt-4o-mini` is shaped like an 8B model, `gpt-4o` like a 70B one, `o3-mini` in between.
+`gpt-4o-mini` is shaped like an 8B model, `gpt-4o` like a 70B one, `o3-mini` in between; `o4-mini`
+is `o3-mini` with its reasoning hidden (counted in the usage, never streamed).
 All times are seconds at `time_scale = 1`. A JSON file can replace or add models
 (`taotrace sim --catalogue FILE`: `{"models": [{"name": ..., <any field below>}]}`).
 """
@@ -39,6 +40,9 @@ class ModelSpec:
     natural_output_tokens: int = 96
     max_output_tokens: int = 4096
     reasoning_tokens: int = 0  # > 0: a reasoning model; streamed before the answer (medium effort)
+    # True: its reasoning is generated, counted (`reasoning_tokens` in the usage) and billed, but
+    # never streamed, as OpenAI's o-series through chat completions: the first token is the answer's
+    reasoning_hidden: bool = False
     owned_by: str = "taotrace-sim"
 
     @property
@@ -96,6 +100,24 @@ DEFAULT_CATALOGUE: tuple[ModelSpec, ...] = (
         decode_per_token_s=0.015,
         natural_output_tokens=64,
         reasoning_tokens=64,
+    ),
+    # reasoning, hidden: o3-mini's shape and pace, but its reasoning is never streamed: nothing
+    # arrives until the answer, and only the usage's `reasoning_tokens` says it thought
+    ModelSpec(
+        name="o4-mini",
+        layers=64,
+        kv_heads=8,
+        head_dim=128,
+        dtype_bytes=2,
+        kv_cache_bytes=4 * _GIB,
+        context_window=16_384,
+        prefill_base_s=0.040,
+        prefill_per_token_s=0.000_08,
+        prefill_attention_s=3e-9,
+        decode_per_token_s=0.015,
+        natural_output_tokens=64,
+        reasoning_tokens=64,
+        reasoning_hidden=True,
     ),
 )
 

@@ -1,7 +1,8 @@
 """OpenAI chat completions and legacy completions: `data: {chunk}` ... `data: [DONE]`.
 
 Chat streams a role-only first chunk, then one chunk per token (`content`, or
-`reasoning_content` for a reasoning model), a chunk with `finish_reason`, and with
+`reasoning_content` for a reasoning model, none for one whose reasoning is hidden: it only
+shows in the usage's `reasoning_tokens`), a chunk with `finish_reason`, and with
 `stream_options.include_usage` a last chunk with `choices: []` and `usage` (every earlier
 chunk then carries `"usage": null`, as OpenAI's do). Legacy completions stream `choices[].text`
 and never show reasoning (it is generated, counted and billed, but hidden).
@@ -66,7 +67,7 @@ class ChatWriter:
     def token(self, index: int) -> bytes:
         out = self.meta.output
         if index < self._reasoning:
-            return self._chunk([self._choice({"reasoning_content": out.reasoning[index]})])
+            return b"" if out.hidden else self._chunk([self._choice({"reasoning_content": out.reasoning[index]})])
         return self._chunk([self._choice({"content": out.answer[index - self._reasoning]})])
 
     def end(self, usage: SimUsage) -> bytes:
@@ -94,7 +95,7 @@ class ChatWriter:
 
     def body(self, usage: SimUsage) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.meta.output.text, "refusal": None}
-        if self._reasoning:
+        if self._reasoning and not self.meta.output.hidden:
             message["reasoning_content"] = self.meta.output.reasoning_text
         return {
             "id": self.meta.id,

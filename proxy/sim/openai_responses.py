@@ -5,7 +5,9 @@ item (`output_item.added`, `content_part.added`, `response.reasoning_text.delta`
 `reasoning_text.done`, `content_part.done`, `output_item.done`); then the `message` item the
 same way with `response.output_text.delta`; then `response.completed` (or
 `response.incomplete` when `max_output_tokens` cut it) carrying the usage with
-`input_tokens_details.cached_tokens` and `output_tokens_details.reasoning_tokens`.
+`input_tokens_details.cached_tokens` and `output_tokens_details.reasoning_tokens`. A model whose
+reasoning is hidden adds and ends its `reasoning` item with no content and no deltas (as OpenAI's
+o-series without a summary): only `reasoning_tokens` says it thought.
 A mid-stream failure is an `error` event.
 """
 
@@ -84,7 +86,8 @@ class ResponsesWriter:
 
     def _output(self) -> list[dict[str, Any]]:
         out = self.meta.output
-        items = [self._reasoning_item("completed", out.reasoning_text)] if self._reasoning else []
+        text = None if out.hidden else out.reasoning_text
+        items = [self._reasoning_item("completed", text)] if self._reasoning else []
         if out.answer:
             items.append(self._message_item("completed", out.text))
         return items
@@ -98,6 +101,8 @@ class ResponsesWriter:
         part: dict[str, Any]
         if kind == "reasoning":
             item, part = self._reasoning_item("in_progress", None), {"type": "reasoning_text", "text": ""}
+            if self.meta.output.hidden:
+                return self._event("response.output_item.added", output_index=index, item=item)
         else:
             item, part = (
                 self._message_item("in_progress", None),
@@ -114,6 +119,10 @@ class ResponsesWriter:
         index = self._index(kind)
         out = self.meta.output
         part: dict[str, Any]
+        if kind == "reasoning" and out.hidden:
+            return self._event(
+                "response.output_item.done", output_index=index, item=self._reasoning_item("completed", None)
+            )
         if kind == "reasoning":
             text, item_id = out.reasoning_text, self._rs_id
             done = self._event(
@@ -151,6 +160,8 @@ class ResponsesWriter:
         if self._open != kind:
             head = self._close_item() + self._open_item(kind)
         out = self.meta.output
+        if kind == "reasoning" and out.hidden:
+            return head  # the item's start at the first, then nothing: the reasoning is not shown
         if kind == "reasoning":
             return head + self._event(
                 "response.reasoning_text.delta",

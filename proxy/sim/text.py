@@ -52,6 +52,7 @@ class Output:
     reasoning: tuple[str, ...]
     answer: tuple[str, ...]
     finish: str  # stop | length
+    hidden: bool = False  # the reasoning is counted and billed, never streamed (nor in a whole body)
 
     @property
     def total(self) -> int:
@@ -97,4 +98,5 @@ def plan_output(spec: ModelSpec, *, max_tokens: int | None, effort: str | None, 
         reasoning=_take(_REASONING_PIECES, 0, reasoning),
         answer=_take(_ANSWER_PIECES, start, total - reasoning),
         finish=finish,
+        hidden=spec.reasoning_hidden,
     )

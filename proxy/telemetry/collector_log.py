@@ -197,6 +197,23 @@ class CollectorLog(logging.Filter):
         return False
 
 
+class _Late(logging.Filter):
+    """After the last flush at exit: a library exporter's thread that was given up on (a dead
+    collector outlasts the bounded shutdown) may still log its retries; those records are
+    dropped, as the exit line already said what was lost. On the library's loggers only (ours
+    log nothing once shut down); stateless, so one serves every logger and start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        template = str(record.msg)
+        return record.levelno < logging.WARNING or not (
+            "Transient error" in template
+            or template.startswith(("Shutdown in progress", "Failed to export", "Retrying", "Queue full"))
+        )
+
+
+_LATE = _Late()
+
+
 def endpoints_from(env: Mapping[str, str]) -> dict[str, str]:
     """signal -> the origin of its OTLP endpoint, for the signals with one."""
     out = {}
@@ -219,6 +236,7 @@ async def collector_warnings(env: Mapping[str, str], logger: logging.Logger) -> 
     quiet = CollectorLog(endpoints, log)
     loggers = [logging.getLogger(name) for name in LOGGERS]
     for logger in loggers:
+        logger.removeFilter(_LATE)  # a start before this one's, in this process: its turn is over
         logger.addFilter(quiet)
     try:
         async with flushing(log):
@@ -226,3 +244,5 @@ async def collector_warnings(env: Mapping[str, str], logger: logging.Logger) -> 
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
+            if logger.name.startswith("opentelemetry."):
+                logger.addFilter(_LATE)  # once per logger: the same object is never added twice

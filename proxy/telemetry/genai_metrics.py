@@ -50,6 +50,8 @@ TOKEN_USAGE = RELEASED_METRICS.tokens
 TIME_TO_FIRST_CHUNK = RELEASED_METRICS.time_to_first_chunk
 TIME_PER_OUTPUT_CHUNK = RELEASED_METRICS.time_per_output_chunk
 TIME_TO_FIRST_TOKEN = "taotrace.time_to_first_token"
+TIME_TO_FIRST_ANSWER_TOKEN = "taotrace.time_to_first_answer_token"
+THINKING = "taotrace.thinking"
 PHASE_DURATION = "taotrace.phase.duration"
 PROXY_OVERHEAD = "taotrace.proxy.overhead"
 BUCKETS = {
@@ -62,6 +64,8 @@ BUCKETS = {
     LATEST_METRICS.time_per_output_chunk: BUCKETS_SPEC_SECONDS,
     # Ours: the /metrics buckets (1 ms ... 20 min), since reasoning models think for minutes.
     TIME_TO_FIRST_TOKEN: BUCKETS_LATENCY,
+    TIME_TO_FIRST_ANSWER_TOKEN: BUCKETS_LATENCY,
+    THINKING: BUCKETS_LATENCY,
     PHASE_DURATION: BUCKETS_LATENCY,
     PROXY_OVERHEAD: BUCKETS_OVERHEAD,
 }
@@ -153,6 +157,19 @@ class GenAIMetrics:
             "s",
             "Request head arrival to the first token event (streams only).",
             BUCKETS[TIME_TO_FIRST_TOKEN],
+        )
+        self.ttfat = meter.histogram(
+            TIME_TO_FIRST_ANSWER_TOKEN,
+            "s",
+            "Request head arrival to the answer's first token, after any streamed reasoning (streams only).",
+            BUCKETS[TIME_TO_FIRST_ANSWER_TOKEN],
+        )
+        self.thinking = meter.histogram(
+            THINKING,
+            "s",
+            "Streamed reasoning before the answer: the first (reasoning) token to the answer's first token. "
+            "Measured only; never hidden reasoning's estimate.",
+            BUCKETS[THINKING],
         )
         self.phase = meter.histogram(
             PHASE_DURATION,
@@ -262,6 +279,10 @@ class GenAIMetrics:
             return
         if t.ttft is not None:
             self.ttft.record_set(t.ttft, sets.ours)
+            if t.time_to_first_answer_token is not None:
+                self.ttfat.record_set(t.time_to_first_answer_token, sets.ours)
+            if t.thinking is not None:
+                self.thinking.record_set(t.thinking, sets.ours)
             if t.prefill_wait is not None:
                 self.phase.record_set(t.prefill_wait, sets.phases[1])
             if t.decode is not None:

@@ -81,6 +81,8 @@ class _Children:
     __slots__ = (
         "duration",
         "ttft",
+        "ttfat",
+        "thinking",
         "tpot",
         "itl",
         "network",
@@ -102,6 +104,8 @@ class _Children:
         um = (upstream, api, model)
         self.duration = m.duration.labels(*um)
         self.ttft = m.ttft.labels(*um)
+        self.ttfat = m.ttfat.labels(*um)
+        self.thinking = m.thinking.labels(*um)
         self.tpot = m.tpot.labels(*um)
         self.itl = m.itl.labels(*um)
         self.network = m.phase.labels(*um, "network")
@@ -253,6 +257,18 @@ class Metrics:
             "taotrace_time_to_first_token_seconds", "Request head arrival to the first token event (streams only).",
             am, buckets=BUCKETS_LATENCY, registry=registry,
         )  # fmt: skip
+        self.ttfat = Histogram(
+            "taotrace_time_to_first_answer_token_seconds",
+            "Request head arrival to the answer's first token (text, refusal, tool call), after any streamed "
+            "reasoning (streams only).",
+            am, buckets=BUCKETS_LATENCY, registry=registry,
+        )  # fmt: skip
+        self.thinking = Histogram(
+            "taotrace_thinking_seconds",
+            "Streamed reasoning before the answer: first token (a reasoning one) to the answer's first token. "
+            "Measured only; hidden reasoning's estimate is never observed here.",
+            am, buckets=BUCKETS_LATENCY, registry=registry,
+        )  # fmt: skip
         self.tpot = Histogram(
             "taotrace_time_per_output_token_seconds", "(last token - first token) / (output tokens - 1), per stream.",
             am, buckets=BUCKETS_TOKEN, registry=registry,
@@ -375,6 +391,10 @@ class Metrics:
                 c.decode.observe(t.decode, exemplar)
             if t.tpot is not None:
                 c.tpot.observe(t.tpot, exemplar)
+            if t.time_to_first_answer_token is not None:
+                c.ttfat.observe(t.time_to_first_answer_token, exemplar)
+            if t.thinking is not None:  # measured only: thinking_estimated never enters a histogram
+                c.thinking.observe(t.thinking, exemplar)
             c.itl.observe_many(t.itl, exemplar)  # the exemplar on the slowest gap only
         found = self._overhead.get((rec.upstream, rec.api))
         if found is None:

@@ -2,7 +2,7 @@
 
 The root as it was started (same ids, start time and attributes, from the record's `SpanStart`),
 its attributes from the record, and the phase children `network`, `prefill_wait` and `decode`
-made from the frozen timing with explicit times: each handed to the span processor as
+(with a reasoning model's `thinking` inside them) made from the frozen timing with explicit times: each handed to the span processor as
 `SpanData` as it ends (see `spandata.py`, `tracing.py`).
 """
 
@@ -40,6 +40,24 @@ def _tcp_attributes(attrs: dict[str, AnyValue], rec: RequestRecord) -> None:
     ):
         if value is not None:
             attrs[key] = value
+
+
+def _reasoning_attributes(attrs: dict[str, AnyValue], t: RequestTiming) -> None:
+    """A reasoning model's numbers (docs/timing.md): measured when it streamed its reasoning, the
+    hidden reasoning's estimate (named as one) when it only reported it."""
+    for key, value in (
+        ("taotrace.answer.tpot", t.answer_tpot),
+        ("taotrace.thinking", t.thinking),
+        ("taotrace.thinking.total", t.thinking_total),
+        ("taotrace.thinking.estimated", t.thinking_estimated),
+    ):
+        if value is not None:
+            attrs[key] = value
+    events, total = t.reasoning_token_events, t.thinking_total
+    if events:
+        attrs["taotrace.reasoning.token_events"] = events
+        if total:  # the reasoning's own pace
+            attrs["taotrace.reasoning.tpot"] = total / events
 
 
 def _cut(value: AnyValue, length: int) -> AnyValue:
@@ -139,6 +157,10 @@ class SpanEnd:
             attrs["taotrace.time_to_headers"] = t.time_to_headers
         if t.tpot is not None:
             attrs["taotrace.tpot"] = t.tpot
+        if t.time_to_first_answer_token is not None:
+            attrs["taotrace.time_to_first_answer_token"] = t.time_to_first_answer_token
+        if t.reasoning_token_events or t.answer_tpot is not None:  # a reasoning model's (none else has these)
+            _reasoning_attributes(attrs, t)
         if t.connection_reused is not None:
             attrs["taotrace.connection.reused"] = t.connection_reused
         if rec.sampling:
@@ -182,45 +204,75 @@ class SpanEnd:
         self, processor: SpanProcessor, parent: SpanContext, rec: RequestRecord, offset: int, resource: Resource
     ) -> None:
         """The phase children, straight from the timing: `network`, then `prefill_wait` and
-        `decode` once a first token came. A sampler that `follows` (the built-in ones) samples each
-        with the root's trace state; another is asked for each, as for any child span."""
+        `decode` once a first token came, and a reasoning model's `thinking` inside them (one per
+        reasoning run in decode; hidden reasoning's estimate at the end of prefill_wait, marked
+        `taotrace.estimated`). A sampler that `follows` (the built-in ones) samples each with the
+        root's trace state; another is asked for each, as for any child span."""
         t = rec.timing
         sent = t.sent
         start = int(t.start * 1e9) + offset
         end = int((t.end if sent is None else sent) * 1e9) + offset
         status = Status(StatusCode.ERROR, rec.error_type) if rec.error_type and sent is None else UNSET
-        phases: tuple[tuple[str, int, int, dict[str, AnyValue], Status], ...]
+        # name, start, end, attributes, status, parent (-1: the root; else the index of a phase above)
+        phases: tuple[tuple[str, int, int, dict[str, AnyValue], Status, int], ...]
         if sent is None or t.first_token is None:
-            phases = (("network", start, end, network_attributes(t), status),)
+            phases = (("network", start, end, network_attributes(t), status, -1),)
         else:
             first = int(t.first_token * 1e9) + offset
             last = int(t.last_token * 1e9) + offset if t.last_token is not None else first
             phases = (
-                ("network", start, end, network_attributes(t), status),
-                ("prefill_wait", end, first, {}, UNSET),
-                ("decode", first, last, {"taotrace.token_events": t.token_events}, UNSET),
+                ("network", start, end, network_attributes(t), status, -1),
+                ("prefill_wait", end, first, {}, UNSET, -1),
+                ("decode", first, last, {"taotrace.token_events": t.token_events}, UNSET, -1),
             )
+            if t.thinking_spans or t.thinking_estimated is not None:
+                phases += _thinking(t, offset, first)
         tracing, scope, trace_id = self.tracing, self.scope, parent.trace_id
         sampler, new_span_id, limits = tracing.sampler, tracing.ids.generate_span_id, tracing.limits
         flags = FLAGS[_SAMPLED | (parent.trace_flags & RANDOM_TRACE_ID)]
-        for name, begin, finish, attrs, state_status in phases:
-            state = parent.trace_state
+        made: list[SpanContext] = []  # each phase's context, for a phase inside it
+        for name, begin, finish, attrs, state_status, up in phases:
+            above = parent if up < 0 else made[up]
+            state = above.trace_state
             if not sampler.follows:
-                result = sampler.should_sample(parent, trace_id, name, SpanKind.INTERNAL, None, (), None)
-                if not result.sampled:
-                    new_span_id()  # an unsampled span has an id too: the same ids as the SDK draws
-                    continue
+                result = sampler.should_sample(above, trace_id, name, SpanKind.INTERNAL, None, (), None)
                 if result.trace_state is not None:
                     state = result.trace_state
+                if not result.sampled:
+                    # An unsampled span has an id too (the same ids as the SDK draws), and is the
+                    # parent the sampler is asked about for the phases inside it, as in the SDK.
+                    unsampled = FLAGS[parent.trace_flags & RANDOM_TRACE_ID]
+                    made.append(SpanContext(trace_id, new_span_id(), False, unsampled, state))
+                    continue
                 if result.attributes:
                     attrs = {**attrs, **result.attributes}
             attrs, dropped = bounded(attrs, limits)
+            context = SpanContext(trace_id, new_span_id(), False, flags, state)
+            made.append(context)
             processor.on_end(
                 SpanData(
-                    name, SpanContext(trace_id, new_span_id(), False, flags, state), parent, _INTERNAL, begin,
-                    finish, attrs, resource, scope, state_status, (), (), dropped,
+                    name, context, above, _INTERNAL, begin, finish, attrs, resource, scope, state_status, (), (),
+                    dropped,
                 )
             )  # fmt: skip
+
+
+_MEASURED: dict[str, AnyValue] = {"taotrace.estimated": False}
+_ESTIMATED: dict[str, AnyValue] = {"taotrace.estimated": True}
+
+
+def _thinking(
+    t: RequestTiming, offset: int, first: int
+) -> tuple[tuple[str, int, int, dict[str, AnyValue], Status, int], ...]:
+    """The `thinking` children: each streamed reasoning run inside `decode` (phase 2), measured;
+    or hidden reasoning's estimate ending at the first token, inside `prefill_wait` (phase 1)."""
+    if t.thinking_estimated is not None:
+        return (("thinking", first - int(t.thinking_estimated * 1e9), first, dict(_ESTIMATED), UNSET, 1),)
+    runs = t.thinking_spans
+    return tuple(
+        ("thinking", int(runs[i] * 1e9) + offset, int(runs[i + 1] * 1e9) + offset, dict(_MEASURED), UNSET, 2)
+        for i in range(0, len(runs) - 1, 2)
+    )
 
 
 def network_attributes(t: RequestTiming) -> dict[str, AnyValue]:

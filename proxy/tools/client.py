@@ -4,12 +4,16 @@ It sends one streaming request in any dialect and times it from just before the 
 sent: first byte, first *token* (role-only, empty and usage-only chunks are not tokens — the
 article's `KeyError: 'choices'` trap), last token, end of stream. Output tokens come from the
 reported usage when there is one, else from the count of token events. Parsing reuses the
-proxy's own sans-IO SSE decoder and dialect readers, so client and proxy agree on what a
-token is.
+proxy's own sans-IO SSE decoder, dialect readers and phase clock, so client and proxy agree on
+what a token is, which tokens are a reasoning model's thinking, and how its phases are timed.
 
     TTFT   = t_first − t0
     TPOT   = (t_last − t_first) / (output_tokens − 1)      (vLLM: the first token excluded)
     tok/s  = output_tokens / (t_end − t_first)             (the decode rate the user sees)
+
+A reasoning model's answer begins after its thinking: its first answer token (`answer_ttft_s`),
+the streamed thinking before it (`thinking_s`), or, for reasoning it only reports, the estimate
+(`thinking_estimated_s`), as docs/timing.md defines them (`proxy.exchange.timing`).
 
 At the first token it also reads the kernel's `TCP_INFO` of the connection that carried the
 request (Linux), and with a `ConnectTimer` on the session, the time spent opening that
@@ -36,6 +40,7 @@ from proxy.dialects import (
     reader_for,
 )
 from proxy.dialects.sse import SSEDecoder, SSEEvent
+from proxy.exchange.timing import PhaseClock, RequestTiming
 from proxy.tools.route import DIRECT, ToolRoute, os_reason
 from proxy.upstream import tcpinfo
 
@@ -76,7 +81,7 @@ class Call:
     api: str
     model: str
     prompt: str
-    max_tokens: int
+    max_tokens: int  # as `max_tokens` (`max_output_tokens`), unless `params` gives `max_completion_tokens`
     params: Mapping[str, Any] = field(default_factory=dict)
     # The turns to send instead of `prompt` as one user turn (chat, messages; responses' `input`);
     # a system text goes in `params` the dialect's way (`system`, `instructions`).
@@ -91,7 +96,8 @@ def request_for(call: Call) -> tuple[str, dict[str, Any]]:
     turns = list(call.messages) or [{"role": "user", "content": call.prompt}]
     if call.api == API_CHAT:
         body["messages"] = turns
-        body.setdefault("max_tokens", call.max_tokens)
+        if "max_completion_tokens" not in body:  # the o-series refuse `max_tokens`
+            body.setdefault("max_tokens", call.max_tokens)
         body["stream_options"] = {"include_usage": True}
     elif call.api == API_COMPLETIONS:
         body["prompt"] = call.prompt
@@ -162,6 +168,13 @@ class Measurement:
     error: str | None = None
     rtt_s: float | None = None  # one round trip on this connection at the first token (TCP min_rtt; Linux)
     connect_s: float | None = None  # opening a connection for this call (DNS, TCP, TLS); 0 if reused
+    # A reasoning model's (docs/timing.md): the answer's first token; the streamed thinking before
+    # it; hidden reasoning's estimate (within the TTFT, which holds it); each pace in tokens/s
+    answer_ttft_s: float | None = None
+    thinking_s: float | None = None
+    thinking_estimated_s: float | None = None
+    reasoning_tokens_per_s: float | None = None
+    answer_tokens_per_s: float | None = None
 
     @property
     def network_s(self) -> float | None:
@@ -184,26 +197,42 @@ class Measurement:
             "tokens_per_s": self.tokens_per_s,
         }
 
+    def reasoning(self) -> dict[str, Any]:
+        """A reasoning model's numbers, as `probe --json` prints them."""
+        return {
+            "answer_ttft_s": self.answer_ttft_s,
+            "thinking_s": self.thinking_s,
+            "thinking_estimated_s": self.thinking_estimated_s,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_tokens_per_s": self.reasoning_tokens_per_s,
+            "answer_tokens_per_s": self.answer_tokens_per_s,
+        }
+
 
 class _Stream:
-    """What the client saw of one response stream, event by event (no I/O here)."""
+    """What the client saw of one response stream, event by event (no I/O here), timed from `t0`
+    by the proxy's own phase clock (the request counts as sent at `t0`: the client's wait for its
+    first token is all "prefill_wait")."""
 
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: str, t0: float) -> None:
         reader = reader_for(api)
         assert reader is not None
         self.api = api
         self.reader = reader
         self.decoder = SSEDecoder()
-        self.t_byte: float | None = None
-        self.t_first: float | None = None
-        self.t_last: float | None = None
-        self.token_events = self.events = self.unparsed = 0
+        self.phase = PhaseClock(t0)
+        self.phase.sent(t0)
+        self.events = self.unparsed = 0
         self.error: str | None = None  # the first error event inside the stream
+
+    @property
+    def t_first(self) -> float | None:
+        return self.phase.t_first
 
     def feed(self, chunk: bytes, t: float) -> None:
         """One read of the body, arrived at `t`."""
-        if self.t_byte is None:
-            self.t_byte = t
+        if self.phase.t_first_byte is None:
+            self.phase.body_bytes(t)
         for event in self.decoder.feed(chunk):
             self._event(event, t)
 
@@ -218,11 +247,9 @@ class _Stream:
         if event.data[:1] not in (b"{", b"[") and event.data != b"[DONE]":
             self.unparsed += 1
             return
-        if self.reader.feed(event):
-            self.token_events += 1
-            if self.t_first is None:
-                self.t_first = t
-            self.t_last = t
+        kind = self.reader.feed(event)
+        if kind:
+            self.phase.token(t, kind)
         if self.reader.error_type and self.error is None:
             self.error = f"error in stream: {error_message(event.data)}"
 
@@ -296,9 +323,12 @@ async def _exchange(
     stream: _Stream,
     clock: Callable[[], float],
     route: ToolRoute,
+    also: Callable[[bytes, float], None] | None = None,
+    t0: float = 0.0,
 ) -> tuple[int, str | None, tcpinfo.TcpInfo | None]:
-    """POST and read the answer into `stream`: (status, error, the connection's TCP_INFO at the
-    first token). Errors name the kind of failure, never the exception's text (it can carry the URL)."""
+    """POST and read the answer into `stream` (and `also`): (status, error, the connection's
+    TCP_INFO at the first token). Errors name the kind of failure, never the exception's text (it
+    can carry the URL)."""
     status = 0
     tcp: tcpinfo.TcpInfo | None = None
     try:
@@ -310,7 +340,10 @@ async def _exchange(
                 return status, f"HTTP {status}: {error_message(await response.read())}", None
             sock = _socket_of(response)
             async for chunk in response.content.iter_any():
-                stream.feed(chunk, clock())
+                t = clock()
+                stream.feed(chunk, t)
+                if also is not None:
+                    also(chunk, t - t0)
                 if tcp is None and stream.t_first is not None:
                     tcp = tcpinfo.read(sock)  # once, after the first token's clock: one system call
     except aiohttp.ClientPayloadError:
@@ -338,11 +371,14 @@ async def measure(
     clock: Callable[[], float] = time.perf_counter,
     connect_timer: ConnectTimer | None = None,
     route: ToolRoute = DIRECT,
+    also: Callable[[bytes, float], None] | None = None,
 ) -> Measurement:
     """Send `call` to `base_url` and time its stream. HTTP and stream errors come back in `error`.
 
     With `connect_timer` (on the session's trace configs) the time spent opening a connection for
-    this call is measured too. `route`: directly, or through a forward proxy."""
+    this call is measured too. `route`: directly, or through a forward proxy. `also`: given each
+    read of the body as well, with the seconds since the request's start (another client's
+    parsing of the same bytes, on the same clock: `proxy.tools.article`)."""
     path, body = request_for(call)
     send_headers = {
         "Content-Type": "application/json",
@@ -350,11 +386,11 @@ async def measure(
         **auth_headers(call.api, api_key),
         **(headers or {}),
     }
-    stream = _Stream(call.api)
     connecting = connect_timer.total if connect_timer is not None else 0.0
     t0 = clock()
+    stream = _Stream(call.api, t0)
     status, error, tcp = await _exchange(
-        session, base_url.rstrip("/") + path, orjson.dumps(body), send_headers, stream, clock, route
+        session, base_url.rstrip("/") + path, orjson.dumps(body), send_headers, stream, clock, route, also, t0
     )
     t_end = clock()
     if status == 200 and error is None and not stream.ended:
@@ -375,23 +411,27 @@ def _measurement(
 ) -> Measurement:
     usage = s.reader.usage
     reported = usage is not None and usage.output_tokens is not None
-    output_tokens = usage.output_tokens if usage is not None and usage.output_tokens is not None else s.token_events
+    output_tokens = usage.output_tokens if usage is not None and usage.output_tokens is not None else s.phase.tokens
+    t: RequestTiming = s.phase.finish(t_end, output_tokens, reasoning_tokens=usage.reasoning_tokens if usage else None)
     tpot = None
-    if s.t_first is not None and s.t_last is not None and output_tokens > 1:
-        tpot = (s.t_last - s.t_first) / (output_tokens - 1)
-    decode_time = t_end - s.t_first if s.t_first is not None else None
+    if t.first_token is not None and t.last_token is not None and output_tokens > 1:
+        tpot = (t.last_token - t.first_token) / (output_tokens - 1)
+    decode_time = t_end - t.first_token if t.first_token is not None else None
+    reasoning_pace = (
+        t.thinking_total / t.reasoning_token_events if t.reasoning_token_events and t.thinking_total else None
+    )
     return Measurement(
         api=call.api,
         model=call.model,
         status=status,
-        ttfb_s=None if s.t_byte is None else s.t_byte - t0,
-        ttft_s=None if s.t_first is None else s.t_first - t0,
+        ttfb_s=t.ttfb,
+        ttft_s=t.ttft,
         total_s=t_end - t0,
         output_tokens=output_tokens,
         usage_source="reported" if reported else "counted",
         tpot_s=tpot,
         tokens_per_s=output_tokens / decode_time if decode_time else None,
-        token_events=s.token_events,
+        token_events=t.token_events,
         events=s.events,
         unparsed=s.unparsed,
         ended=s.ended,
@@ -403,4 +443,9 @@ def _measurement(
         error=error,
         rtt_s=tcp.round_trip if tcp is not None else None,
         connect_s=connect_s,
+        answer_ttft_s=t.time_to_first_answer_token,
+        thinking_s=t.thinking,
+        thinking_estimated_s=t.thinking_estimated,
+        reasoning_tokens_per_s=1 / reasoning_pace if reasoning_pace else None,
+        answer_tokens_per_s=1 / t.answer_tpot if t.answer_tpot else None,
     )

@@ -14,7 +14,7 @@ from typing import Literal
 
 from proxy.tools.client import Measurement
 
-__all__ = ["LABELS", "METRICS", "Metric", "Sample", "Step", "pairs_of", "schedule", "values_of"]
+__all__ = ["LABELS", "METRICS", "REASONING_KEYS", "Metric", "Sample", "Step", "pairs_of", "schedule", "values_of"]
 
 LABELS = ("A", "B")
 Order = Literal["alternate", "random"]
@@ -69,8 +69,15 @@ class Metric:
     per_token: bool = False
 
 
+# A reasoning model's three (docs/timing.md): the answer's first token (the first token's, for a
+# model without reasoning), the streamed thinking before it, hidden thinking's estimate.
+REASONING_KEYS = ("answer_ttft_s", "thinking_s", "thinking_estimated_s")
+
 METRICS: tuple[Metric, ...] = (
     Metric("ttft_s", "TTFT", "s", lambda m: m.ttft_s),
+    Metric("answer_ttft_s", "first answer token", "s", lambda m: m.answer_ttft_s),
+    Metric("thinking_s", "thinking", "s", lambda m: m.thinking_s),
+    Metric("thinking_estimated_s", "~hidden thinking", "s", lambda m: m.thinking_estimated_s),
     Metric("tpot_s", "TPOT", "s", lambda m: m.tpot_s, per_token=True),
     Metric("tokens_per_s", "tok/s", "tok/s", lambda m: m.tokens_per_s, lower_is_better=False, per_token=True),
     Metric("network_s", "network", "s", lambda m: m.network_s),

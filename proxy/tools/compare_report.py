@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.tools.client import ms
-from proxy.tools.compare_plan import LABELS, METRICS, Metric, Sample, pairs_of, values_of
+from proxy.tools.compare_plan import LABELS, METRICS, REASONING_KEYS, Metric, Sample, pairs_of, values_of
 from proxy.tools.compare_prompts import Prompt
 from proxy.tools.compare_stats import MIN_PAIRS, Difference, median, paired_difference, spread
 from proxy.tools.compare_verdict import Thresholds, decide
@@ -70,6 +70,9 @@ def _measurement(s: Sample, prompts: Sequence[Prompt]) -> dict[str, Any]:
         "round": s.step.round + 1,
         "status": m.status,
         "ttft_s": m.ttft_s,
+        "answer_ttft_s": m.answer_ttft_s,
+        "thinking_s": m.thinking_s,
+        "thinking_estimated_s": m.thinking_estimated_s,
         "tpot_s": m.tpot_s,
         "tokens_per_s": m.tokens_per_s,
         "total_s": m.total_s,
@@ -228,9 +231,11 @@ def text(doc: dict[str, Any]) -> str:
         lines.append(f"  {t['label']}  {t['base_url']}  model {t['model']}")
     lines.append("")
     rows = [("", "A p50", "A p95", "B p50", "B p95", "B - A [95% CI]", "verdict")]
+    # Neither side reasons: its first answer token is its first token, and not a row of its own.
+    reasons = any(doc["summary"][label][key] for label in LABELS for key in REASONING_KEYS[1:])
     for metric in METRICS:
         a, b = doc["summary"]["A"][metric.key], doc["summary"]["B"][metric.key]
-        if a is None and b is None:
+        if (a is None and b is None) or (metric.key == "answer_ttft_s" and not reasons):
             continue
         diff, verdict = _verdict(doc["differences"][metric.key], metric.unit)
         rows.append(
@@ -251,7 +256,7 @@ def text(doc: dict[str, Any]) -> str:
         lines.append("")
         for metric in METRICS:
             d = doc["differences"][metric.key]
-            if metric.key in NOTED and d is not None:
+            if d is not None and (metric.key in NOTED or (reasons and metric.key in REASONING_KEYS[:2])):
                 lines.append(_note(metric, d))
         lines.append(_thresholds(doc))
     else:

@@ -1,6 +1,8 @@
 """`taotrace demo`: the embedded default. A simulated upstream and the proxy start in this
 process; a streaming client runs the article's three experiments through the proxy and prints,
-per run, what the client saw next to the proxy's network / prefill_wait / decode split.
+per run, what the client saw next to the proxy's network / prefill_wait / decode split; then the
+article's reasoning model (and one that hides its reasoning), where the article's client TTFT
+(first content) stands beside the proxy's first token, thinking and first answer token.
 
 `--once` exits after the table; otherwise the proxy and simulator keep running for your own
 tools. `--real` runs the same experiments against the real upstream (with TAOTOKEN_API_KEY; a
@@ -29,6 +31,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from proxy.config.envproxy import forward_proxy_for
 from proxy.config.routes import DEFAULT_UPSTREAM, upstream_url
 from proxy.config.settings import Settings, check_upstream
+from proxy.dialects import API_CHAT
 from proxy.exchange.record import RequestRecord
 from proxy.serve import configure_logging
 from proxy.serve import running as proxy_running
@@ -38,6 +41,7 @@ from proxy.server.listen import CannotListen
 from proxy.sim import SimRunning, SimSettings
 from proxy.sim import running as sim_running
 from proxy.telemetry.tracing import TracingError
+from proxy.tools.article import FirstContent
 from proxy.tools.client import Call, api_name, auth_headers, measure
 from proxy.tools.clientconfig import key_hint, key_places
 from proxy.tools.command import taotrace_command
@@ -78,7 +82,16 @@ class DemoSettings(BaseSettings):
     )
     small_model: str = Field("gpt-4o-mini", min_length=1, description="the fast model")
     large_model: str = Field("gpt-4o", min_length=1, description="the strong model (model_size experiment)")
+    reasoning_model: str = Field(
+        "o3-mini", description="the reasoning model, streaming its thinking (reasoning experiment; empty: left out)"
+    )
+    hidden_reasoning_model: str = Field(
+        "o4-mini", description="a reasoning model that hides its thinking (reasoning experiment; empty: left out)"
+    )
     max_tokens: int = Field(48, ge=2, description="output tokens per run")
+    reasoning_max_tokens: int = Field(
+        128, ge=2, description="output tokens per reasoning run, its reasoning included (max_completion_tokens)"
+    )
     base_tokens: int = Field(1000, ge=50, description="input tokens of the shortest input_length run (then 2x, 4x)")
     cache_tokens: int = Field(4000, ge=50, description="input tokens of the prefix_cache prompt")
 
@@ -124,11 +137,16 @@ async def _one(
 ) -> RunResult:
     trace_id = secrets.token_hex(16)
     headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
-    call = Call(api_name(settings.api), run.model, run.prompt, settings.max_tokens)
+    api = api_name(settings.api)
+    call = Call(api, run.model, run.prompt, settings.max_tokens)
+    if run.reasoning:  # room for its thinking; the o-series take the cap as max_completion_tokens
+        params = {"max_completion_tokens": settings.reasoning_max_tokens} if api == API_CHAT else {}
+        call = Call(api, run.model, run.prompt, settings.reasoning_max_tokens, params)
+    article = FirstContent(api)  # the article's client code, on the same bytes
     expected = records.expect(trace_id)
-    measured = await measure(session, base_url, call, api_key=api_key, headers=headers)
+    measured = await measure(session, base_url, call, api_key=api_key, headers=headers, also=article)
     record = await records.wait(expected)
-    return RunResult(run, measured, record, kv_bytes(measured.response_id))
+    return RunResult(run, measured, record, kv_bytes(measured.response_id), article.ttft_s)
 
 
 async def _warm_up(session: aiohttp.ClientSession, base_url: str, headers: dict[str, str]) -> None:
@@ -157,6 +175,7 @@ async def experiments(
             settings.large_model,
             base_tokens=settings.base_tokens,
             cache_tokens=settings.cache_tokens,
+            reasoning_models=tuple(m for m in (settings.reasoning_model, settings.hidden_reasoning_model) if m),
         )
         for r in e.runs
     ]

@@ -6,6 +6,9 @@ record of the same request, `to_json()` / `format_report()` turn results into th
 - `input_length`: one request, then its input doubled (1x, 2x, 4x): TTFT rises, TPOT stays flat.
 - `prefix_cache`: one prompt three times: the repeats skip most of the prefill.
 - `model_size`: the small model, then the large one on the same prompt: TTFT and TPOT both rise.
+- `reasoning`: the article's reasoning model, which streams its thinking, and one that hides it:
+  the article's client (TTFT at the first content, `proxy.tools.article`) beside the proxy's first
+  token, thinking (measured, or estimated when hidden) and the answer's first token.
 
 Every prompt starts with a fresh nonce, so no run hits a prefix cached by another.
 """
@@ -24,11 +27,11 @@ from proxy.tools.client import Measurement
 from proxy.tools.table import align, cell
 
 __all__ = [
-    "COLUMNS", "EXPERIMENTS", "Experiment", "Run", "RunResult", "format_report", "plan", "plot_json", "summaries",
-    "to_json",
+    "COLUMNS", "EXPERIMENTS", "REASONING_COLUMNS", "Experiment", "Run", "RunResult", "format_report", "plan",
+    "plot_json", "summaries", "to_json",
 ]  # fmt: skip
 
-EXPERIMENTS = ("input_length", "prefix_cache", "model_size")
+EXPERIMENTS = ("input_length", "prefix_cache", "model_size", "reasoning")
 # The table's columns and the `--json` key of each (JSON in seconds and bytes; the table in ms and
 # MiB). `experiment` is the name of the run's group in the JSON.
 COLUMNS = (
@@ -36,6 +39,14 @@ COLUMNS = (
     ("TTFT", "ttft_s"), ("total", "total_s"), ("out", "output_tokens"), ("TPOT", "tpot_s"),
     ("tok/s", "tokens_per_s"), ("proxy TTFT", "proxy_ttft_s"), ("network", "network_s"),
     ("prefill_wait", "prefill_wait_s"), ("decode", "decode_s"), ("KV MiB", "kv_bytes"),
+)  # fmt: skip
+# The reasoning runs' own table: the article's TTFT (first content) beside the proxy's first token,
+# its thinking (measured when streamed, estimated when hidden) and the answer's first token.
+REASONING_COLUMNS = (
+    ("run", "label"), ("article TTFT", "article_ttft_s"), ("proxy TTFT", "proxy_ttft_s"),
+    ("thinking", "thinking_s"), ("proxy answer", "proxy_answer_ttft_s"), ("~hidden thinking", "thinking_estimated_s"),
+    ("reasoning tok", "reasoning_tokens"), ("reasoning tok/s", "reasoning_tokens_per_s"),
+    ("answer tok/s", "answer_tokens_per_s"),
 )  # fmt: skip
 
 # repeated to reach the sizes asked for (counted with the simulator's documented estimate)
@@ -46,6 +57,7 @@ _PARAGRAPH = (
     "the prefill and the network all happen before the first token; the decode happens after it. "
 )
 _TOKENS_PER_PARAGRAPH = len(EstimateTokenizer().encode(_PARAGRAPH))
+_QUESTION = "Where does the time of an LLM request go before its first token? Think it through, then answer briefly."
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,10 @@ class Run:
     label: str
     model: str
     prompt: str
+
+    @property
+    def reasoning(self) -> bool:
+        return self.experiment == "reasoning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +95,10 @@ def plan(
     doublings: int = 2,
     cache_tokens: int = 4000,
     nonce: str | None = None,
+    reasoning_models: tuple[str, ...] = (),
 ) -> tuple[Experiment, ...]:
-    """The three experiments. `doublings` = 2 gives 1x, 2x, 4x."""
+    """The experiments. `doublings` = 2 gives 1x, 2x, 4x; `reasoning_models` (none: no
+    `reasoning` experiment) each answer one short question."""
     nonce = nonce or secrets.token_hex(4)
     sizes = [base_tokens * 2**i for i in range(doublings + 1)]
     input_length = tuple(
@@ -90,11 +108,15 @@ def plan(
     prefix_cache = tuple(Run("prefix_cache", label, small_model, cached) for label in ("first", "repeat 1", "repeat 2"))
     same = _prompt(base_tokens * 2, f"{nonce}-size")
     model_size = (Run("model_size", small_model, small_model, same), Run("model_size", large_model, large_model, same))
-    return (
+    experiments = (
         Experiment("input_length", input_length),
         Experiment("prefix_cache", prefix_cache),
         Experiment("model_size", model_size),
     )
+    if not reasoning_models:
+        return experiments
+    question = f"Request {nonce}-think. " + _QUESTION
+    return (*experiments, Experiment("reasoning", tuple(Run("reasoning", m, m, question) for m in reasoning_models)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +127,11 @@ class RunResult:
     client: Measurement
     record: RequestRecord | None
     kv_bytes: int | None = None
+    article_ttft_s: float | None = None  # the article's client code: the first chunk with content
 
     def to_json(self) -> dict[str, Any]:
         timing = self.record.timing if self.record is not None else None
-        return {
+        common = {
             "label": self.run.label,
             "model": self.run.model,
             "input_tokens": self.client.input_tokens,
@@ -123,6 +146,20 @@ class RunResult:
             "prefill_wait_s": timing.prefill_wait if timing else None,
             "decode_s": timing.decode if timing else None,
             "kv_bytes": self.kv_bytes,  # the upstream's KV cache at this request's peak (simulator only)
+        }
+        if not self.run.reasoning:
+            return common
+        c = self.client
+        return {
+            **common,
+            "article_ttft_s": self.article_ttft_s,
+            "answer_ttft_s": c.answer_ttft_s,  # the measurement client's first answer token
+            "proxy_answer_ttft_s": timing.time_to_first_answer_token if timing else None,
+            "thinking_s": timing.thinking if timing else None,  # measured: streamed reasoning
+            "thinking_estimated_s": timing.thinking_estimated if timing else None,  # hidden: an estimate
+            "reasoning_tokens": c.reasoning_tokens,
+            "reasoning_tokens_per_s": c.reasoning_tokens_per_s,
+            "answer_tokens_per_s": c.answer_tokens_per_s,
         }
 
 
@@ -190,6 +227,7 @@ def summaries(results: Sequence[RunResult]) -> list[str]:
             f"model_size: {runs[-1].run.model} vs {runs[0].run.model}: TTFT {_x(_ratio(b.ttft_s, a.ttft_s))}, "
             f"TPOT {_x(_ratio(b.tpot_s, a.tpot_s))}"
         )
+    lines += _reasoning_lines(by["reasoning"])
     gaps = [
         abs(r.client.ttft_s - r.record.timing.ttft)
         for r in results
@@ -197,7 +235,8 @@ def summaries(results: Sequence[RunResult]) -> list[str]:
     ]
     if gaps:
         lines.append(f"client vs proxy TTFT: max |difference| {max(gaps) * 1000:.1f} ms over {len(gaps)} runs")
-    kv = [r for r in results if r.kv_bytes and r.client.input_tokens is not None]
+    # The experiments' long prompts: a reasoning run's short question rounds up to whole blocks
+    kv = [r for r in results if r.kv_bytes and r.client.input_tokens is not None and not r.run.reasoning]
     if kv:
         top = max(kv, key=lambda r: r.kv_bytes or 0)
         per_token: dict[str, float] = {}
@@ -213,12 +252,53 @@ def summaries(results: Sequence[RunResult]) -> list[str]:
     return lines
 
 
+def _reasoning_lines(runs: Sequence[RunResult]) -> list[str]:
+    """What the reasoning runs show: the article's TTFT is the answer's first token, not the first."""
+    lines = []
+    for r in runs:
+        t = r.record.timing if r.record else None
+        name = r.run.model
+        if t is None or t.ttft is None:
+            continue
+        if t.thinking is not None:
+            lines.append(
+                f"reasoning: {name}'s article TTFT {_ms(r.article_ttft_s)} ms is its first answer token "
+                f"(proxy {_ms(t.time_to_first_answer_token)} ms), after {_ms(t.thinking)} ms of streamed thinking"
+            )
+        elif t.thinking_estimated is not None and t.prefill_wait:
+            lines.append(
+                f"reasoning: {name} hid its thinking ({r.client.reasoning_tokens} tokens): ~{_ms(t.thinking_estimated)} ms "
+                f"of its {_ms(t.prefill_wait)} ms prefill_wait, estimated, not measured"
+            )
+        else:
+            lines.append(f"reasoning: {name} showed no reasoning (none streamed, none reported)")
+    return lines
+
+
 def _ms(value: float | None) -> str:
     return cell(value, 1, 1000)
 
 
+def _reasoning_table(results: Sequence[RunResult]) -> list[str]:
+    """The reasoning runs' own table, after the main one (empty without them)."""
+    runs = [r for r in results if r.run.reasoning]
+    if not runs:
+        return []
+    rows = [tuple(header for header, _ in REASONING_COLUMNS)]
+    for r in runs:
+        c, t = r.client, (r.record.timing if r.record else None)
+        rows.append(
+            (
+                r.run.label, _ms(r.article_ttft_s), _ms(t.ttft if t else None), _ms(t.thinking if t else None),
+                _ms(t.time_to_first_answer_token if t else None), _ms(t.thinking_estimated if t else None),
+                cell(c.reasoning_tokens), cell(c.reasoning_tokens_per_s, 1), cell(c.answer_tokens_per_s, 1),
+            )
+        )  # fmt: skip
+    return ["", *align(rows, left=1, rule=True)]
+
+
 def format_report(results: Sequence[RunResult]) -> str:
-    """The demo's table (times in ms) and its summary lines."""
+    """The demo's table (times in ms), the reasoning runs' own table, and the summary lines."""
     rows = [tuple(header for header, _ in COLUMNS)]
     for r in results:
         c, t = r.client, (r.record.timing if r.record else None)
@@ -230,5 +310,9 @@ def format_report(results: Sequence[RunResult]) -> str:
                 _ms(t.decode if t else None), cell(r.kv_bytes / 2**20 if r.kv_bytes else None, 1),
             )
         )  # fmt: skip
-    note = "times in ms; client columns first, then the proxy's split of the same request"
-    return "\n".join([*align(rows, left=2, rule=True), "", note, *summaries(results)])
+    notes = ["times in ms; client columns first, then the proxy's split of the same request"]
+    if any(r.run.reasoning for r in results):
+        notes.append(
+            "reasoning: article TTFT = the article's client code (first content); ~ = hidden thinking, estimated"
+        )
+    return "\n".join([*align(rows, left=2, rule=True), *_reasoning_table(results), "", *notes, *summaries(results)])

@@ -3,10 +3,12 @@
 Streams one request (or `--runs N`) to any base URL and prints TTFT, total time, output tokens,
 TPOT and tokens/s as the client sees them (definitions in `proxy.tools.client`), and how much of
 the TTFT is the network: opening the connection plus one round trip, from the kernel's
-`TCP_INFO` of the connection that carried the request (Linux). `--json` prints
-`{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", "rtt_s", "connect_s",
-"network_s", "forward_proxy", ...}`; with `--runs` > 1 the top-level numbers are medians and
-`runs` lists each one.
+`TCP_INFO` of the connection that carried the request (Linux). For a reasoning model it prints
+both first-token times, the first token (a thought, when it streams its thinking) and the
+answer's, and the thinking between (measured) or hidden in the TTFT (estimated, `~`). `--json`
+prints `{"ttft_s", "total_s", "output_tokens", "tpot_s", "tokens_per_s", "rtt_s", "connect_s",
+"network_s", "answer_ttft_s", "thinking_s", "thinking_estimated_s", "forward_proxy", ...}`;
+with `--runs` > 1 the top-level numbers are medians and `runs` lists each one.
 
 Runs are shown as they finish (`proxy.tools.progress`, on stderr: stdout keeps only the result,
 so `--json` stays JSON). Ctrl-C stops the run under way and prints the runs already finished
@@ -102,14 +104,43 @@ def _fine_ms(value: float | None) -> str:
     return "-" if value is None else ms(value)
 
 
+def _reasoned(m: Measurement) -> bool:
+    """A reasoning model's run: it streamed its thinking, or reported reasoning tokens."""
+    return m.thinking_s is not None or bool(m.reasoning_tokens)
+
+
+def _thinking(m: Measurement) -> str:
+    """Measured thinking, or hidden reasoning's estimate marked `~` (never measured)."""
+    if m.thinking_s is None and m.thinking_estimated_s is not None:
+        return "~" + _ms(m.thinking_estimated_s)
+    return _ms(m.thinking_s)
+
+
 def format_table(results: Sequence[Measurement]) -> str:
-    rows = [("run", "TTFT", "network", "RTT", "total", "out tok", "TPOT", "tok/s", "in tok", "cached", "usage")]
+    """One row a run; a reasoning model's runs get the answer's first token and the thinking beside the TTFT."""
+    reasoning = any(_reasoned(m) for m in results)
+    extra = ("answer", "thinking") if reasoning else ()
+    rows = [("run", "TTFT", *extra, "network", "RTT", "total", "out tok", "TPOT", "tok/s", "in tok", "cached", "usage")]
     for i, m in enumerate(results, 1):
+        answer = (_ms(m.answer_ttft_s), _thinking(m)) if reasoning else ()
         rows.append(
-            (str(i), _ms(m.ttft_s), _fine_ms(m.network_s), _fine_ms(m.rtt_s), _ms(m.total_s), str(m.output_tokens),
-             _ms(m.tpot_s), cell(m.tokens_per_s, 1), cell(m.input_tokens), cell(m.cached_tokens), m.usage_source)
+            (str(i), _ms(m.ttft_s), *answer, _fine_ms(m.network_s), _fine_ms(m.rtt_s), _ms(m.total_s),
+             str(m.output_tokens), _ms(m.tpot_s), cell(m.tokens_per_s, 1), cell(m.input_tokens), cell(m.cached_tokens),
+             m.usage_source)
         )  # fmt: skip
-    return "\n".join(align(rows))
+    lines = align(rows)
+    if reasoning:
+        lines.append(
+            "answer = the first answer token (TTFT = the first token: a thought when the model streams its thinking); "
+            "thinking: measured; ~: hidden, estimated, inside the TTFT"
+        )
+    hidden = [m for m in results if m.thinking_estimated_s is not None and m.answer_tokens_per_s is not None]
+    if hidden:
+        lines.append(
+            f"hidden reasoning tokens count as output: TPOT and tok/s are not the answer's pace "
+            f"({cell(hidden[-1].answer_tokens_per_s, 1)} tok/s)"
+        )
+    return "\n".join(lines)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -118,7 +149,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _fields(m: Measurement) -> dict[str, Any]:
-    return {**m.summary(), "rtt_s": m.rtt_s, "connect_s": m.connect_s, "network_s": m.network_s}
+    return {**m.summary(), "rtt_s": m.rtt_s, "connect_s": m.connect_s, "network_s": m.network_s, **m.reasoning()}
 
 
 def summary(results: Sequence[Measurement], many: bool) -> dict[str, Any]:
@@ -126,7 +157,8 @@ def summary(results: Sequence[Measurement], many: bool) -> dict[str, Any]:
     if not many:
         return _fields(results[0]) if results else {}
     runs = [_fields(m) for m in results]
-    keys = ("ttft_s", "total_s", "tpot_s", "tokens_per_s", "rtt_s", "network_s")
+    keys = ("ttft_s", "total_s", "tpot_s", "tokens_per_s", "rtt_s", "network_s", "answer_ttft_s", "thinking_s",
+            "thinking_estimated_s")  # fmt: skip
     out: dict[str, Any] = {k: _median([r[k] for r in runs]) for k in keys}
     out["output_tokens"] = statistics.median_low([r["output_tokens"] for r in runs]) if runs else None
     out["runs"] = runs
@@ -163,8 +195,16 @@ def report(
             out.write(format_table(good) + "\n")
         if len(good) > 1:
             med = summary(good, True)
+            answer = ""
+            if any(_reasoned(m) for m in good):
+                answer = f", first answer token {_ms(med['answer_ttft_s'])}"
+                if med["thinking_s"] is not None:
+                    answer += f" after {_ms(med['thinking_s'])} thinking"
+                elif med["thinking_estimated_s"] is not None:
+                    answer += f" (~{_ms(med['thinking_estimated_s'])} hidden thinking, estimated)"
             out.write(
-                f"median: TTFT {_ms(med['ttft_s'])}, TPOT {_ms(med['tpot_s'])}, {cell(med['tokens_per_s'], 1)} tok/s\n"
+                f"median: TTFT {_ms(med['ttft_s'])}{answer}, TPOT {_ms(med['tpot_s'])}, "
+                f"{cell(med['tokens_per_s'], 1)} tok/s\n"
             )
         line = network_share(good[-1], route) if good else None  # the last run: on a warm connection when runs > 1
         if line is not None:

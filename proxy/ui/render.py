@@ -3,8 +3,8 @@
 A row carries what the requests table shows, plus the first and last tokens' instants on the
 host's monotonic clock (for scripts comparing it with another process's clock on the same host); a
 detail carries the whole record (every field, so fields added to `RequestRecord` later show up
-without a change here), the phase spans as offsets from the request's start, and the inter-token
-gaps.
+without a change here), the phase spans as offsets from the request's start (a reasoning model's
+`thinking` among them, an estimated one marked so), and the inter-token gaps.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from proxy.exchange.record import model_label
+from proxy.exchange.timing import RequestTiming
 from proxy.ui.ring import SERIES, Entry
 
 __all__ = ["detail", "row"]
@@ -20,7 +21,7 @@ __all__ = ["detail", "row"]
 # Field names that could hold prompt or completion text: shown only with --capture-content.
 _CONTENT_WORDS = ("content", "message", "prompt", "completion", "text")
 # Monotonic-clock instants mean nothing to a reader; the spans below carry them as offsets.
-_INSTANTS = {"start", "end", "sent", "first_token", "last_token"}
+_INSTANTS = {"start", "end", "sent", "first_token", "last_token", "thinking_spans"}
 
 
 def row(e: Entry) -> dict[str, Any]:
@@ -42,6 +43,10 @@ def row(e: Entry) -> dict[str, Any]:
         "error_type": r.error_type,
         "ttft": t.ttft,
         "tpot": t.tpot,
+        # a reasoning model's: the answer's first token, the thinking measured, or hidden and estimated
+        "time_to_first_answer_token": t.time_to_first_answer_token,
+        "thinking": t.thinking,
+        "thinking_estimated": t.thinking_estimated,
         "duration": t.duration,
         "network": t.network,
         "prefill_wait": t.prefill_wait,
@@ -117,6 +122,9 @@ def _spans(e: Entry) -> list[dict[str, Any]]:
             prefill["rtt"] = rtt
             prefill["server_wait"] = r.server_wait
         spans.append(prefill)
+        thinking = _thinking(t) if t.thinking_spans or t.thinking_estimated is not None else []
+        if t.thinking_estimated is not None:
+            spans += thinking  # inside prefill_wait: drawn under it
         spans.append(
             {
                 "name": "decode",
@@ -125,7 +133,27 @@ def _spans(e: Entry) -> list[dict[str, Any]]:
                 "attributes": {"taotrace.token_events": t.token_events},
             }
         )
+        if t.thinking_estimated is None:
+            spans += thinking
     return spans
+
+
+def _thinking(t: RequestTiming) -> list[dict[str, Any]]:
+    """A reasoning model's `thinking` children, as exported: each streamed reasoning run inside
+    decode, or hidden reasoning's estimate at the end of prefill_wait (`estimated`: drawn as one)."""
+    assert t.ttft is not None
+    if t.thinking_estimated is not None:
+        estimated = {"taotrace.estimated": True}
+        return [
+            {"name": "thinking", "start": t.ttft - t.thinking_estimated, "end": t.ttft, "attributes": estimated,
+             "parent": "prefill_wait", "estimated": True}
+        ]  # fmt: skip
+    runs, t0 = t.thinking_spans, t.start
+    return [
+        {"name": "thinking", "start": runs[i] - t0, "end": runs[i + 1] - t0, "attributes": {"taotrace.estimated": False},
+         "parent": "decode", "estimated": False}
+        for i in range(0, len(runs) - 1, 2)
+    ]  # fmt: skip
 
 
 def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> dict[str, Any]:
@@ -148,6 +176,7 @@ def detail(e: Entry, *, trace_url: str = "", capture_content: bool = False) -> d
             "time_to_headers": t.time_to_headers,
             "ttfb": t.ttfb,
             "ttft": t.ttft,
+            "first_answer": t.time_to_first_answer_token,
             "last_byte": t.time_to_last_byte,
         },
         "gaps": {

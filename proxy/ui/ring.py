@@ -22,8 +22,9 @@ __all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "dist
 DEFAULT_LIMIT = 100
 MAX_GAPS = 256  # bars of a stream's gaps the live view keeps (the largest of each run of k gaps)
 # The per-token or per-chunk series of a RequestTiming (itl, chunk_gaps, ...): one float per gap,
-# so the only parts of a record whose size grows with the stream. Found once, by type.
-SERIES = tuple(f.name for f in fields(RequestTiming) if str(f.type).startswith("tuple[float"))
+# so the only parts of a record whose size grows with the stream. Found once, by type: those a
+# worker may bin (a bounded tuple of floats, such as thinking_spans, is not one).
+SERIES = tuple(f.name for f in fields(RequestTiming) if str(f.type).startswith("tuple[float, ...] | Binned"))
 
 T = TypeVar("T")
 

@@ -55,6 +55,13 @@ def _spans(f: InFlight) -> list[dict[str, Any]]:
         if f.ttft is not None:
             attributes = {"taotrace.token_events": f.output_tokens}
             spans.append({"name": "decode", "start": f.ttft, "end": now, "attributes": attributes})
+            if f.first_answer != f.ttft and (f.phase == "thinking" or f.first_answer is not None):
+                # A reasoning model thinking before its answer (later runs show once it ends)
+                end = f.first_answer if f.first_answer is not None else now
+                spans.append(
+                    {"name": "thinking", "start": f.ttft, "end": end, "attributes": {"taotrace.estimated": False},
+                     "parent": "decode", "estimated": False}
+                )  # fmt: skip
     return spans
 
 
@@ -69,6 +76,12 @@ def running_detail(f: InFlight) -> dict[str, Any]:
         "trace_url": None,  # nothing is exported before the request ends
         "record": running_row(f),
         "spans": _spans(f),
-        "marks": {"time_to_headers": f.time_to_headers, "ttfb": f.ttfb, "ttft": f.ttft, "last_byte": f.last_byte},
+        "marks": {
+            "time_to_headers": f.time_to_headers,
+            "ttfb": f.ttfb,
+            "ttft": f.ttft,
+            "first_answer": f.first_answer,
+            "last_byte": f.last_byte,
+        },  # fmt: skip
         "gaps": {"values": list(gaps), "per_bar": per_bar, "count": max(0, f.output_tokens - 1)},
     }

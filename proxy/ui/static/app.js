@@ -10,7 +10,7 @@ const EMPTY = "–"; // the one symbol for "no value"
 // What a running request is doing, by the `phase` the API reports.
 const RUNNING_PHASE = {
   network: "network", headers: "waiting for headers", prefill_wait: "prefill_wait", decode: "decode",
-  response: "receiving response",
+  thinking: "thinking", response: "receiving response",
 };
 
 const state = {
@@ -150,9 +150,13 @@ function requestRow(r) {
   tr.dataset.id = r.id;
   tr.className = (r.error_type ? "error" : "") + (r.mirror ? " mirror" : "");
   const status = r.error_type ? `${r.status} ${r.error_type}` : String(r.status);
+  const ttft = cell(ms(r.ttft), "num");
+  // A reasoning model's: TTFT is its first thought; the answer came later (or hid in prefill_wait).
+  if (r.thinking != null) ttft.title = `first answer token ${msUnit(r.time_to_first_answer_token)}, after ${msUnit(r.thinking)} of thinking`;
+  else if (r.thinking_estimated != null) ttft.title = `of which ≈ ${msUnit(r.thinking_estimated)} hidden thinking (estimated)`;
   tr.append(
     cell(clock(r.time)), cell(r.api), modelCell(r.model), upstreamCell(r), cell(status, "status"),
-    cell(ms(r.ttft), "num"), cell(ms(r.tpot, 2), "num"), cell(r.output_tokens, "num"),
+    ttft, cell(ms(r.tpot, 2), "num"), cell(r.output_tokens, "num"),
     cell(r.cached_input_tokens, "num"), cell(ms(r.duration), "num"),
   );
   const td = document.createElement("td");
@@ -265,12 +269,13 @@ function rttInside(bar, s) {
   bar.title = `one network round trip ${msUnit(s.rtt)} (TCP min_rtt), server wait ≈ ${msUnit(s.server_wait ?? 0)} of ${msUnit(length)}`;
   bar.dataset.rtt = String(s.rtt);
 }
-function wfRow(key, label, start, end, total, cls, child) {
+// `depth`: 0 the root, 1 a phase, 2 a span inside a phase (a reasoning model's thinking).
+function wfRow(key, label, start, end, total, cls, depth) {
   const row = document.createElement("div");
   row.className = "wf-row";
   row.dataset.span = key;
   const name = document.createElement("span");
-  name.className = "wf-name" + (child ? " child" : "");
+  name.className = "wf-name" + (depth ? " child" : "") + (depth === 2 ? " inner" : "");
   name.textContent = label;
   name.title = label;
   const track = document.createElement("span");
@@ -295,16 +300,27 @@ function waterfall(d, box = $("waterfall"), scale = 0) {
   const total = Math.max(scale, end) || 1e-9;
   const running = !!d.in_flight;
   const rows = d.spans.map((s, i) => {
-    const { row, bar } = wfRow(i === 0 ? "root" : s.name, s.name, s.start, s.end, total, i === 0 ? "root" : s.name, i > 0);
+    const estimated = s.estimated === true;
+    const label = estimated ? `${s.name} (estimated)` : s.name;
+    const cls = i === 0 ? "root" : s.name + (estimated ? " estimated" : "");
+    const { row, bar } = wfRow(i === 0 ? "root" : s.name, label, s.start, s.end, total, cls, i === 0 ? 0 : s.parent ? 2 : 1);
     if (running && s.end === end) bar.classList.add("open"); // still growing
     if (s.rtt != null) rttInside(bar, s);
+    if (estimated) {
+      // Hidden reasoning: never measured, an estimate from the reported reasoning tokens.
+      row.dataset.estimated = "true";
+      row.querySelector(".wf-name").classList.add("estimated");
+      bar.title = `estimated, not measured: ${r.usage.reasoning_tokens} hidden reasoning tokens at the answer's own pace (${msUnit(r.timing.answer_tpot)} per token), inside prefill_wait`;
+    } else if (s.name === "thinking") {
+      bar.title = `thinking (streamed reasoning), measured: ${msUnit(s.end - s.start)}`;
+    }
     return row;
   });
   // A response that is not a stream has no prefill_wait or decode: draw the wait for it anyway.
   const network = d.spans.find((s) => s.name === "network");
   const streamed = d.spans.some((s) => s.name === "prefill_wait");
   if (!streamed && network && network.end < end) {
-    const { row, bar } = wfRow("response", "waiting for the response (not streamed)", network.end, end, total, "response", true);
+    const { row, bar } = wfRow("response", "waiting for the response (not streamed)", network.end, end, total, "response", 1);
     if (running) bar.classList.add("open");
     rows.push(row);
   }
@@ -315,7 +331,9 @@ function waterfall(d, box = $("waterfall"), scale = 0) {
   label.textContent = "marks";
   const track = document.createElement("span");
   track.className = "wf-track";
-  const marksAt = [["headers", d.marks.time_to_headers], ["first byte", d.marks.ttfb], ["first token", d.marks.ttft]];
+  // A reasoning model's answer begins after its thinking: its own mark, on a line of its own.
+  const answer = d.marks.first_answer != null && d.marks.first_answer !== d.marks.ttft ? d.marks.first_answer : null;
+  const marksAt = [["headers", d.marks.time_to_headers], ["first byte", d.marks.ttfb], ["first token", d.marks.ttft], ["first answer token", answer]];
   marksAt.forEach(([name, t], i) => {
     if (t == null) return;
     const m = document.createElement("span");
@@ -333,7 +351,7 @@ function waterfall(d, box = $("waterfall"), scale = 0) {
     const m = document.createElement("span");
     m.className = "wf-mark broke";
     m.style.left = `${(100 * at) / total}%`;
-    m.style.top = "42px";
+    m.style.top = "56px";
     m.textContent = `✕ ${r.error_type} · last byte ${msUnit(at)}`;
     m.title = `the stream broke: ${r.error_type}; the client's last bytes at ${msUnit(at)}, the request ended at ${msUnit(end)}`;
     if (at / total > 0.5) m.classList.add("left");
@@ -411,12 +429,32 @@ async function showTrace(id) {
     ...("ttfc" in t ? [["TTFC (first streamed chunk)", msUnit(t.ttfc)]] : []),
     ["TTFT (first token)", msUnit(t.ttft)],
     ["first token − first byte", t.ttft != null && t.ttfb != null ? msUnit(t.ttft - t.ttfb) : EMPTY],
+    ...reasoningRows(running ? null : t, running ? r : null),
     ...(prefill && prefill.rtt != null
       ? [["round trip (TCP min_rtt)", msUnit(prefill.rtt)], ["server wait (estimate)", msUnit(prefill.server_wait)]]
       : []),
   ]);
   gapStrip(d);
   kvRows($("attrs"), flatten(r));
+}
+
+// A reasoning model's numbers, beside the TTFT: the answer's first token, the thinking before it
+// (measured from streamed reasoning), or hidden reasoning's share of prefill_wait (an estimate).
+function reasoningRows(t, running) {
+  const rate = (tpot) => (tpot ? `${(1 / tpot).toFixed(1)} tok/s` : EMPTY);
+  if (running) {
+    return running.first_answer != null && running.first_answer !== running.ttft
+      ? [["first answer token", msUnit(running.first_answer)], ["thinking", msUnit(running.first_answer - running.ttft)]]
+      : [];
+  }
+  const rows = [];
+  if (t.time_to_first_answer_token != null && t.time_to_first_answer_token !== t.ttft) rows.push(["first answer token", msUnit(t.time_to_first_answer_token)]);
+  if (t.thinking != null) rows.push(["thinking (streamed reasoning, measured)", msUnit(t.thinking)]);
+  if (t.thinking_total != null && t.thinking_total !== t.thinking) rows.push(["thinking, every run (interleaved)", msUnit(t.thinking_total)]);
+  if (t.thinking_estimated != null) rows.push(["hidden thinking (estimated, not measured)", msUnit(t.thinking_estimated)]);
+  if (t.reasoning_token_events && t.thinking_total) rows.push(["reasoning pace", rate(t.thinking_total / t.reasoning_token_events)]);
+  if (t.answer_tpot != null) rows.push(["answer pace", rate(t.answer_tpot)]);
+  return rows;
 }
 
 // ---- a pair (--mirror): the request and its mirror copy side by side
