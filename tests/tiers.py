@@ -62,8 +62,9 @@ E2E_MODULES = frozenset(
         "tests/test_tcp_network.py",
         "tests/test_ui_browser.py",
         "tests/test_worker_channel.py::test_a_worker_of_another_version_is_refused_and_the_group_serves_on",
-        "tests/test_worker_channel.py::test_the_supervisor_counts_drops_sink_errors_and_a_dead_workers_requests_in_flight",
-        "tests/test_worker_channel.py::test_a_worker_whose_supervisor_stops_reading_holds_at_most_its_bound_and_counts_the_drops",
+        "tests/test_worker_channel.py::test_the_supervisor_adds_reports_and_counts_a_dead_workers_requests_in_flight_once",
+        "tests/test_worker_channel.py::test_a_worker_whose_supervisor_stops_reading_holds_its_reports_back_and_loses_nothing",
+        "tests/test_worker_channel.py::test_a_worker_reports_every_request_before_it_exits",
         "tests/test_workers.py",
     }
 )

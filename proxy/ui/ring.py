@@ -21,10 +21,9 @@ __all__ = ["MAX_GAPS", "SERIES", "Entry", "Query", "Ring", "compact_gaps", "dist
 
 DEFAULT_LIMIT = 100
 MAX_GAPS = 256  # bars of a stream's gaps the live view keeps (the largest of each run of k gaps)
-# The per-token or per-chunk series of a RequestTiming (itl, chunk_gaps, ...): one float per gap,
-# so the only parts of a record whose size grows with the stream. Found once, by type: those a
-# worker may bin (a bounded tuple of floats, such as thinking_spans, is not one).
-SERIES = tuple(f.name for f in fields(RequestTiming) if str(f.type).startswith("tuple[float, ...] | Binned"))
+# The per-token or per-chunk series of a RequestTiming: one float per gap or read, so the only
+# parts of a record whose size grows with the stream (thinking_spans is bounded where it is made).
+SERIES = ("itl", "chunk_gaps", "relay")
 
 T = TypeVar("T")
 
@@ -85,7 +84,7 @@ class Ring:
         self.capacity = capacity
         self._entries: deque[Entry] = deque(maxlen=capacity)
         self._seq = 0
-        self._series = attrgetter(*SERIES, "itl")  # two names or more: it always returns a tuple
+        self._series = attrgetter(*SERIES)  # two names or more: it always returns a tuple
         self._timing_with = _Replacer(RequestTiming)
         self._record_with = _Replacer(RequestRecord)
 
