@@ -3,8 +3,8 @@ exported (over OTLP to a real receiver, decoded back to `SpanData`) and the reco
 view shows (`/api/requests` and each `/api/requests/{id}`, built back into `RequestRecord`s).
 
 Records come back as the live view gives them: the instants the page has no use for are
-rebuilt from the row's monotonic first-token instant (`start` = first token − TTFT), and the
-series it does not show (`chunk_gaps`, `relay`) are empty; a request that named no model says
+rebuilt from the row's monotonic first-token instant (`start` = first token − TTFT; the
+reasoning runs from the `thinking` spans' offsets), and the series it does not show (`chunk_gaps`, `relay`) are empty; a request that named no model says
 `unknown`, as the page does.
 """
 
@@ -130,6 +130,13 @@ def _record(row: dict[str, Any], detail: dict[str, Any]) -> RequestRecord:
         itl=tuple(detail["gaps"]["values"]),
         chunk_gaps=(),
         relay=(),
+        # the streamed reasoning runs, from the `thinking` spans drawn as offsets from the start
+        thinking_spans=tuple(
+            start + s[edge]
+            for s in detail["spans"]
+            if s["name"] == "thinking" and not s["estimated"]
+            for edge in ("start", "end")
+        ),
     )
     given["timing"] = _built(RequestTiming, timing)
     hints = typing.get_type_hints(RequestRecord, localns=_TYPES)

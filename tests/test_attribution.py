@@ -237,9 +237,10 @@ async def test_workers_share_one_salt_so_a_key_has_one_id() -> None:
         async with supervising(config) as group:
             tasks = [asyncio.ensure_future(one()) for _ in range(12)]
             deadline = time.monotonic() + 10
-            while not all(
-                w.in_flight.get(("127.0.0.1", "chat_completions")) for w in group.workers
-            ):  # both workers serve
+            while True:  # both workers serve (asked, as a scrape asks them)
+                await group.refresh()
+                if all(w.in_flight.get(("127.0.0.1", "chat_completions")) for w in group.workers):
+                    break
                 assert time.monotonic() < deadline, "one worker got every connection"
                 await asyncio.sleep(0.02)
             await asyncio.gather(*tasks)

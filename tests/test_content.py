@@ -2,7 +2,7 @@
 validate): for chat, legacy completions, Responses and Anthropic messages, streamed and whole,
 with tool calls and tool results; bounded, marked when cut, never carrying a URL's query or an
 image's bytes. The end-to-end test reads them back from a real OTLP receiver, in one process and
-with the telemetry process.
+with two workers.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from proxy.dialects.sse import SSEEvent
 from tests.fakes import FakeUpstream, OTLPSink, chat_chunk, json_handler, named, sse, stream_handler
 from tests.test_semconv import attrs, proxied, scopes
 
-MODES = ["one", pytest.param("tp", marks=pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT"))]
+MODES = ["one", pytest.param("workers", marks=pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT"))]
 PART_FIELDS = {
     "text": {"content"},
     "reasoning": {"content"},

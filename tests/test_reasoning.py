@@ -146,7 +146,7 @@ def assert_thinking(rec: RequestRecord, stamps: Stamps, script: Script) -> None:
     assert within_writes(t.thinking, stamps, r0, a0), (t.thinking, stamps.writes[a0] - stamps.writes[r0])
     assert t.thinking == pytest.approx(t.time_to_first_answer_token - t.ttft, abs=1e-9)  # type: ignore[operator]
     assert t.thinking_total == pytest.approx(t.thinking)  # one run: no interleaving here
-    assert len(t.thinking_spans) == 2 and t.thinking_spans[0] == t.first_token
+    assert len(t.thinking_spans) == 2 and t.thinking_spans[0] == pytest.approx(t.first_token, abs=1e-9)
     assert t.reasoning_token_events == len(script.reasoning)
     assert t.token_events == len(script.reasoning) + len(script.answer)
     assert within_writes(t.answer_tpot and t.answer_tpot * (len(script.answer) - 1), stamps, a0, script.answer[-1])

@@ -1,6 +1,6 @@
 """Every name the proxy emits is a name of the conventions it claims, read back from a real OTLP
 receiver: spans and metrics, released names by default, the latest experimental ones or both
-with `OTEL_SEMCONV_STABILITY_OPT_IN`; in one process and with the telemetry process.
+with `OTEL_SEMCONV_STABILITY_OPT_IN`; in one process and with two workers.
 
 The tables are data, shipped with the tests: tests/data/semconv/v1.41.0.json is generated from
 the conventions' model YAML at that tag (tests/data/semconv/generate.py); genai-v0.1.0.json is

@@ -352,8 +352,11 @@ from proxy.workers.channel import encode, encode_hello, receive
 from proxy.workers.messages import SCHEMA, VERSION, Hello, Ready, Report, Start
 
 async def main():
-    first = not os.path.exists(sys.argv[1])
-    open(sys.argv[1], "a").close()
+    first = True  # only one of the two workers (both start at once: the file is made atomically)
+    try:
+        os.close(os.open(sys.argv[1], os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        first = False
     reader, writer = await asyncio.open_connection(sock=socket.socket(fileno=int(sys.argv[-1])))
     writer.write(encode_hello(Hello(VERSION, SCHEMA, os.getpid())))
     assert isinstance(await receive(reader), Start)

@@ -48,12 +48,7 @@ def _captured(detail: Any) -> str | None:
     if not isinstance(record, dict):
         return None
     content = record.get("input_content")
-    if isinstance(content, str):
-        return content
-    span = record.get("span")  # a telemetry process's record carries it as a span attribute
-    attributes = span.get("attributes") if isinstance(span, dict) else None
-    value = attributes.get("gen_ai.input.messages") if isinstance(attributes, dict) else None
-    return value if isinstance(value, str) else None
+    return content if isinstance(content, str) else None
 
 
 async def live_prompts(session: aiohttp.ClientSession, metrics_url: str, token: str | None, want: int) -> list[Prompt]:
