@@ -439,11 +439,3 @@ async def main(workers):
 
 asyncio.run(main(sys.argv[1]))
 """
-
-
-def test_telemetry_process_is_retired_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from proxy.cli import main
-
-    assert main(["serve", "--telemetry-process"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("taotrace serve: error: argument --telemetry-process: retired:"), err

@@ -185,11 +185,6 @@ class Settings(BaseSettings):
         description="serving processes sharing the proxy port (auto: one per usable core); 1: a single process",
         json_schema_extra={"metavar": "N|auto", "allowed": "auto, or an integer from 1 to 256"},
     )
-    telemetry_process: bool = Field(
-        False,
-        description="retired, refused: every serving process exports its own spans and OTLP metrics, so a "
-        "second process had nothing left to take off the serving loop (use --workers N, or one process)",
-    )
 
     attribute_header: Annotated[list[str], NoDecode] = Field(
         [],
@@ -290,16 +285,6 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_routes(cls, value: list[str]) -> list[str]:
         routes_for(DEFAULT_UPSTREAM, value)  # each route's form, and no prefix or name twice
-        return value
-
-    @field_validator("telemetry_process")
-    @classmethod
-    def _retired(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(
-                "retired: every serving process now exports its own spans and OTLP metrics, so a separate "
-                "telemetry process has nothing left to take off the serving loop; run one process, or --workers N"
-            )
         return value
 
     @field_validator("capture_io_values")
