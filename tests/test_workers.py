@@ -259,13 +259,20 @@ async def test_the_live_view_of_a_group_shows_every_workers_requests_once(slow_u
     slow_upstream.handler = stream_handler(chat_stream(4), gap=0.02)
     async with supervising(settings(slow_upstream, sample_ratio=0.5)) as group:
         async with aiohttp.ClientSession() as s:
+
+            async def kept(n: int) -> bool:  # a request is kept once its bookkeeping ran, just after its answer
+                async with s.get(group.metrics_url + "/api/requests", params={"limit": "1"}) as r:
+                    return bool((await r.json())["size"] == n)
+
             first = await asyncio.gather(*(stream(group.proxy_url) for _ in range(10)))
+            await eventually(lambda: kept(10))
             async with s.get(group.metrics_url + "/api/requests") as r:
                 body = await r.json()
             assert all(b == b"".join(chat_stream(4)) for b in first)
             assert len(body["requests"]) == body["size"] == 10
             cursor = body["last_seq"]
             await asyncio.gather(*(stream(group.proxy_url) for _ in range(6)))
+            await eventually(lambda: kept(16))
             async with s.get(group.metrics_url + "/api/requests", params={"since": str(cursor)}) as r:
                 newer = await r.json()
             assert len(newer["requests"]) == 6 and newer["size"] == 16  # only the new ones, each once
