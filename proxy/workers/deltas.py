@@ -76,7 +76,7 @@ class Changes:
     def _value(self, child: ValueChild, counter: bool) -> float | None:
         value = child.value
         last = self._values.get(child)
-        if last is not None and last == value:
+        if last is value:  # `inc` and `set` bind a new float: a gauge set again to its value is sent again
             return None
         self._values[child] = value
         return value - (last or 0.0) if counter else value

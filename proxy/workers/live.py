@@ -5,8 +5,9 @@ the supervisor asks them when the page polls, then merges what they answer.
                (the page's `since` is a cursor minted here, mapping to each worker's own sequence
                number), merged newest first; the requests in flight likewise. A worker sends each
                row as its JSON, which is put in the answer as it came (never decoded here)
-    request    the worker whose id it is (an untraced request's is `w<index>-<its own id>`), or
-               each until one has it (a trace id)
+    request    the worker whose id it is (an untraced request's is `w<index>.<pid>-<its own
+               id>`: the process that served it, while it lives), or each until one has it
+               (a trace id)
     pair       each until one has it (a request and its mirror copy are served by one worker)
     summary    each worker's 15-minute buckets and matched pairs, merged as counts and histograms
                (`Window.merge`): percentiles are read from the merged histograms, as one window
@@ -48,15 +49,25 @@ class Ask(Protocol):
     ) -> Awaitable[list[tuple[int, int, Any]]]: ...
 
 
-def _named(index: int, body: dict[str, Any], traced: str | None) -> dict[str, Any]:
-    """`body` with its id unique across the group: an untraced request's gets the worker's index."""
-    if not traced:
-        body["id"] = f"w{index}-{body['id']}"
+def untraced_id(index: int, pid: int, id_: str) -> str:
+    """An untraced request's id in the group: its worker's own id (a sequence number, which a
+    restarted worker counts afresh) under the worker's slot and process."""
+    return f"w{index}.{pid}-{id_}"
+
+
+def _worker_of(id_: str) -> tuple[int, int, str] | None:
+    """(index, pid, the worker's own id) of an `untraced_id`; None for a trace id."""
+    head, sep, own = id_.partition("-")
+    index, dot, pid = head[1:].partition(".")
+    if not (head.startswith("w") and sep and dot and index.isdigit() and pid.isdigit()):
+        return None
+    return int(index), int(pid), own
+
+
+def _detail(index: int, pid: int, body: dict[str, Any] | None) -> dict[str, Any] | None:
+    if body is not None and not body["record"].get("trace_id"):
+        body["id"] = untraced_id(index, pid, body["id"])
     return body
-
-
-def _detail(index: int, body: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if body is None else _named(index, body, body["record"].get("trace_id"))
 
 
 class GroupLive:
@@ -90,7 +101,9 @@ class GroupLive:
         apis: set[str] = set()
         models: set[str] = set()
         size = 0
-        now = dict(seen)
+        # A slot that answered is known by its process now: an earlier process of it is gone.
+        answered = {index for index, _, body in answers if body is not None}
+        now = {key: n for key, n in seen.items() if key[0] not in answered}
         for index, pid, body in answers:
             if body is None:
                 continue
@@ -120,20 +133,20 @@ class GroupLive:
         return self._minted
 
     async def request(self, id_: str) -> dict[str, Any] | None:
-        only = None
-        if id_.startswith("w") and "-" in id_:  # a key of ours, not a trace id
-            index, _, id_ = id_[1:].partition("-")
-            only = int(index) if index.isdigit() else -1
-        for worker, _pid, body in await self._ask("request", key=id_, only=only):
-            if body is not None:
-                return _detail(worker, body)
+        only = pid = None
+        worker_of = _worker_of(id_)
+        if worker_of is not None:  # an untraced request: only its worker knows it, while it lives
+            only, pid, id_ = worker_of
+        for index, answered_by, body in await self._ask("request", key=id_, only=only):
+            if body is not None and pid in (None, answered_by):
+                return _detail(index, answered_by, body)
         return None
 
     async def pair(self, pair_id: str) -> dict[str, Any] | None:
-        for index, _pid, body in await self._ask("pair", key=pair_id):
+        for index, pid, body in await self._ask("pair", key=pair_id):
             if body is not None:
-                body["request"] = _detail(index, body["request"])
-                body["mirror"] = _detail(index, body["mirror"])
+                body["request"] = _detail(index, pid, body["request"])
+                body["mirror"] = _detail(index, pid, body["mirror"])
                 return dict(body)
         return None
 

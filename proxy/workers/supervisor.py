@@ -204,6 +204,8 @@ class _Supervisor:
                 continue
             if only is not None and w.index != only:
                 continue
+            if w.writer.transport.get_write_buffer_size() > self.channel_bound:
+                continue  # a worker not reading (stuck, or stopped): questions would only pile up
             self._asked += 1
             w.asks[self._asked] = future = loop.create_future()
             pid = w.proc.pid

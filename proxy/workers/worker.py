@@ -42,6 +42,7 @@ from proxy.telemetry.metrics import Metrics
 from proxy.ui.live import LiveView
 from proxy.workers.channel import encode, encode_hello, receive
 from proxy.workers.deltas import Changes
+from proxy.workers.live import untraced_id
 from proxy.workers.messages import SCHEMA, VERSION, Answer, Ask, Hello, Ready, Report, Start
 
 __all__ = ["REPORT_SECONDS", "Reporter", "main"]
@@ -83,12 +84,12 @@ class Reporter:
             self.report()
 
 
-def _rows(rows: list[dict[str, Any]], when: str, index: int) -> list[tuple[float, bytes]]:
+def _rows(rows: list[dict[str, Any]], when: str, index: int, pid: int) -> list[tuple[float, bytes]]:
     """Rows as the supervisor merges them: (`when`, the row's JSON), the JSON written here once,
-    with an id unique in the group (an untraced request's gets this worker's index)."""
+    with an id unique in the group (an untraced request's names this worker's slot and process)."""
     for r in rows:
         if not r["trace_id"]:
-            r["id"] = f"w{index}-{r['id']}"
+            r["id"] = untraced_id(index, pid, r["id"])
     return [(r[when], orjson.dumps(r)) for r in rows]
 
 
@@ -98,8 +99,9 @@ async def _live_answer(live: LiveView | None, ask: Ask, index: int) -> Any:
         return None
     if ask.what == "requests" and ask.query is not None:
         body = await live.requests(ask.query)
-        body["requests"] = _rows(body["requests"], "time", index)
-        body["in_flight"] = _rows(body["in_flight"], "started", index)
+        pid = os.getpid()
+        body["requests"] = _rows(body["requests"], "time", index, pid)
+        body["in_flight"] = _rows(body["in_flight"], "started", index, pid)
         return body
     if ask.what == "request":
         return await live.request(ask.key)
