@@ -230,11 +230,12 @@ class SpanEnd:
         tracing, scope, trace_id = self.tracing, self.scope, parent.trace_id
         sampler, new_span_id, limits = tracing.sampler, tracing.ids.generate_span_id, tracing.limits
         flags = FLAGS[_SAMPLED | (parent.trace_flags & RANDOM_TRACE_ID)]
+        follows, unbounded = sampler.follows, limits.length is None  # asked once, not per phase
         made: list[SpanContext] = []  # each phase's context, for a phase inside it
         for name, begin, finish, attrs, state_status, up in phases:
             above = parent if up < 0 else made[up]
             state = above.trace_state
-            if not sampler.follows:
+            if not follows:
                 result = sampler.should_sample(above, trace_id, name, SpanKind.INTERNAL, None, (), None)
                 if result.trace_state is not None:
                     state = result.trace_state
@@ -246,7 +247,10 @@ class SpanEnd:
                     continue
                 if result.attributes:
                     attrs = {**attrs, **result.attributes}
-            attrs, dropped = bounded(attrs, limits)
+            if unbounded and len(attrs) <= limits.count:  # the usual case: `bounded` would change nothing
+                dropped = 0
+            else:
+                attrs, dropped = bounded(attrs, limits)
             context = SpanContext(trace_id, new_span_id(), False, flags, state)
             made.append(context)
             processor.on_end(
