@@ -96,12 +96,12 @@ OTEL_NEWEST := 1.45.2
 GRPCIO_OLDEST := 1.63.2
 # Spans, sampling, propagation, the equivalence with the SDK, OTLP encoding and export (HTTP,
 # gRPC), the batch processor, GenAI metrics (our aggregation against the SDK's, handed to its
-# exporters), and the workers' span shipping.
+# exporters), and each worker's own span export.
 OTEL_RANGE_TESTS := tests/test_spans.py tests/test_sampling.py tests/test_propagation.py tests/test_span_equivalence.py \
   tests/test_telemetry_otlp.py tests/test_span_exporter.py tests/test_span_pipeline.py tests/test_otlp_export.py \
   tests/test_otlp_env.py tests/test_otlp_metrics.py tests/test_genai_metrics.py tests/test_aggregate.py \
-  tests/test_collector_log.py tests/test_semconv.py tests/test_telemetry_ship.py tests/test_otel_variables.py \
-  tests/test_workers.py::test_spans_leave_from_the_supervisor_under_each_workers_instance_id
+  tests/test_collector_log.py tests/test_semconv.py tests/test_otel_variables.py \
+  tests/test_workers.py::test_each_worker_exports_its_spans_under_its_instance_id_and_exemplars_point_at_them
 OTEL_PACKAGES = opentelemetry-api==$(1) opentelemetry-sdk==$(1) opentelemetry-exporter-otlp==$(1)
 # The test tools of [test] that OTEL_RANGE_TESTS use (the rest of [test] stays out: tests/test_packaging.py checks the names).
 OTEL_RANGE_TOOLS := pytest pytest-aiohttp pytest-timeout hypothesis trustme

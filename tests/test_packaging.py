@@ -165,7 +165,8 @@ def test_make_demo_json_is_only_json_on_stdout() -> None:
 
 
 def _make_variables(makefile: str) -> dict[str, str]:
-    return {m[1]: m[2].strip() for m in re.finditer(r"^([A-Z_]+) :?= (.*)$", makefile, re.M)}
+    joined = makefile.replace("\\\n", " ")  # a value continued over lines is one value
+    return {m[1]: m[2].strip() for m in re.finditer(r"^([A-Z_]+) :?= (.*)$", joined, re.M)}
 
 
 def _floor(requirements: list[str], name: str) -> str:
@@ -189,6 +190,17 @@ def test_the_opentelemetry_range_is_the_one_make_tests() -> None:
     assert oldest < newest < (2,)
     assert set(make["OTEL_RANGE_TOOLS"].split()) <= _names(test)
     assert not {n for n in _names(test) if n.startswith("opentelemetry")}  # the runtime brings them all
+
+
+def test_every_test_the_opentelemetry_range_runs_exists() -> None:
+    """`make test-otel-range` names test files and tests: a name left behind by a rename would
+    fail only there, after the whole suite."""
+    make = _make_variables((ROOT / "Makefile").read_text())
+    for entry in make["OTEL_RANGE_TESTS"].split():
+        module, _, name = entry.partition("::")
+        path = ROOT / module
+        assert path.is_file(), entry
+        assert not name or re.search(rf"^(async )?def {re.escape(name)}\(", path.read_text(), re.M), entry
 
 
 def test_grpcio_comes_with_the_exporter_at_the_floor_the_oldest_end_tests() -> None:
