@@ -331,7 +331,12 @@ def parse(
     parser, flags = build_parser(selected(argv))
     for line in [] if flags is None else unknown_variable_warnings(flags, environ):
         warn(line)
-    given = vars(parser.parse_args(list(argv)))
+    args, extra = parser.parse_known_args(list(argv))
+    if extra:  # said by the command, as its other errors are (argparse's root would say `taotrace:`)
+        raise UsageError(
+            flags.prog if flags is not None else parser.prog, [f"unrecognized arguments: {' '.join(extra)}"]
+        )
+    given = vars(args)
     command: Command | None = given.pop("_command", None)
     if command is None or flags is None:
         parser.print_help()

@@ -391,3 +391,12 @@ def test_a_command_imports_only_its_own_module_and_the_command_list_no_pydantic(
     assert sim == {"proxy.cli", "proxy.server", "proxy.server.lifecycle", "proxy.server.listen"}, sim
     top = loaded([])  # `taotrace` alone: the command list
     assert not top & {"pydantic", "pydantic_settings", "aiohttp"}, top
+
+
+def test_an_unknown_argument_is_said_by_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--workers", "2", "--telemetry-process"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "taotrace serve: error: unrecognized arguments: --telemetry-process"
+    ]
+    assert main(["--bogus"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["taotrace: error: unrecognized arguments: --bogus"]

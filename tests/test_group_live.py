@@ -78,5 +78,17 @@ async def test_cursors_forget_the_processes_that_are_gone() -> None:
         slots.pids[0] = pid
         since = (await live.requests(Query(limit=100, since=since)))["last_seq"]
     newest = await live.requests(Query(limit=100, since=since))
-    assert newest["requests"] == [] and newest["last_seq"] == since + 1
+    assert newest["requests"] == [] and newest["last_seq"] == since  # nothing new: the same cursor
     assert len(live._cursors[newest["last_seq"]]) == 1  # private: what each cursor holds, one process per slot
+
+
+async def test_a_cursor_outlives_any_number_of_polls_that_find_nothing_new() -> None:
+    """A slow poller's `since` still works after other pages polled thousands of times."""
+    slots = Slots()
+    live = GroupLive(slots.ask, 100)
+    slots.rows[0] = [_row(1, 1.0)]
+    mine = (await live.requests(Query(limit=1)))["last_seq"]
+    slots.rows[0] += [_row(2, 2.0), _row(3, 3.0)]
+    for _ in range(20_000):  # other pages, polling
+        await live.requests(Query(limit=1))
+    assert _ids(await live.requests(Query(limit=100, since=mine))) == ["w0.100-3", "w0.100-2"]

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import aiohttp
@@ -290,6 +290,41 @@ async def test_the_live_view_of_a_group_shows_every_workers_requests_once(slow_u
     ttfts = sorted(rec.timing.ttft for rec in records if rec.timing.ttft is not None)
     for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):  # nearest rank over all 16
         assert summary["models"]["m"]["ttft"][key] == ttfts[max(0, math.ceil(q * 16) - 1)], key
+
+
+async def test_a_worker_that_stops_answering_makes_the_group_unready_until_it_is_heard_again(
+    slow_upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped worker (SIGSTOP: as a stuck event loop looks) still gets its share of new
+    connections from the kernel: /readyz says `stalled` (503) so a balancer stops sending, and
+    the supervisor says so once; when it runs again, ready again."""
+    async with supervising(settings(slow_upstream)) as group, aiohttp.ClientSession() as s:
+
+        async def readyz() -> tuple[int, str]:
+            async with s.get(group.metrics_url + "/readyz") as r:
+                return r.status, await r.text()
+
+        assert (await readyz())[0] == 200
+        stopped = group.workers[0].proc
+        assert stopped is not None
+        stopped.send_signal(signal.SIGSTOP)
+        try:
+            await eventually(lambda: _is(readyz(), 503), timeout=15.0)
+            assert "stalled" in (await readyz())[1]
+            await eventually(lambda: _said(caplog), timeout=5.0)
+        finally:
+            stopped.send_signal(signal.SIGCONT)
+        await eventually(lambda: _is(readyz(), 200), timeout=15.0)
+    said = [r.getMessage() for r in caplog.records if "has sent nothing" in r.getMessage()]
+    assert len(said) == 1 and f"worker 0 (pid {stopped.pid})" in said[0], said
+
+
+async def _is(answer: Awaitable[tuple[int, str]], status: int) -> bool:
+    return (await answer)[0] == status
+
+
+async def _said(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("has sent nothing" in r.getMessage() for r in caplog.records)
 
 
 async def test_access_log_lines_come_from_the_workers_as_from_one_process(

@@ -33,7 +33,7 @@ from proxy.ui.summary import Window
 
 __all__ = ["CURSORS_KEPT", "GroupLive"]
 
-CURSORS_KEPT = 1024  # `since` values the group remembers: each poll of each open page makes one
+CURSORS_KEPT = 16384  # `since` values the group remembers (a few entries each): one per state of the workers' rows
 
 
 class Ask(Protocol):
@@ -77,8 +77,10 @@ class GroupLive:
         self._ask = ask
         self._capacity = capacity
         self.clock = clock
-        # cursor -> (worker index, pid) -> the last sequence number of that worker the page has
+        # cursor -> (worker index, pid) -> the last sequence number of that worker the page has;
+        # and each state's cursor, so polls that find nothing new share one
         self._cursors: OrderedDict[int, dict[tuple[int, int], int]] = OrderedDict()
+        self._minted_for: dict[frozenset[tuple[tuple[int, int], int]], int] = {}
         self._minted = 0
 
     @property
@@ -126,10 +128,19 @@ class GroupLive:
         }
 
     def _mint(self, seen: dict[tuple[int, int], int]) -> int:
+        """The cursor of this state of the workers' rows: the one already made for it (kept as
+        the newest), else a new one; the oldest forgotten past `CURSORS_KEPT`."""
+        state = frozenset(seen.items())
+        cursor = self._minted_for.get(state)
+        if cursor is not None:
+            self._cursors.move_to_end(cursor)
+            return cursor
         self._minted += 1
         self._cursors[self._minted] = seen
+        self._minted_for[state] = self._minted
         while len(self._cursors) > CURSORS_KEPT:
-            self._cursors.popitem(last=False)
+            _, old = self._cursors.popitem(last=False)
+            self._minted_for.pop(frozenset(old.items()), None)
         return self._minted
 
     async def request(self, id_: str) -> dict[str, Any] | None:

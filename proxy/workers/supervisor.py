@@ -70,6 +70,7 @@ from proxy.workers.messages import Answer, Ask, Ready, Report, Start, ToSupervis
 __all__ = ["ASK_TIMEOUT", "CHANNEL_BOUND", "Group", "instance_id", "supervising"]
 
 log = logging.getLogger("taotrace")
+STALLED = 5.0  # seconds a serving worker may send nothing (it reports every second) before it counts as stuck
 KILL_GRACE = 10.0  # seconds past drain_seconds (+ span flush) before a worker that will not exit is killed
 CRASH_WINDOW = 2.0  # a worker that dies sooner than this after starting is restarted with a growing delay
 MAX_BACKOFF = 10.0
@@ -98,6 +99,8 @@ class _Worker:
     writer: asyncio.StreamWriter | None = None  # to the process in the slot now
     asks: dict[int, asyncio.Future[Any]] = field(default_factory=dict)  # questions waiting for its answer
     held: Held = field(default_factory=dict)  # what its summed gauges (requests in flight) add to the group's
+    heard: float = 0.0  # when it last sent anything (monotonic)
+    stalled: bool = False  # said to be stuck (`STALLED`), until it is heard again
 
     @property
     def in_flight(self) -> dict[tuple[str, ...], float]:
@@ -130,9 +133,12 @@ class Group:
     def readiness(self) -> str:
         if self.draining:
             return "draining"
-        if all(w.ready for w in self.workers):
-            return "ready"
-        return "starting"
+        if not all(w.ready for w in self.workers):
+            return "starting"
+        now = time.monotonic()
+        if any(now - w.heard > STALLED for w in self.workers):
+            return "stalled"  # the kernel still hands it connections, which wait
+        return "ready"
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers if w.proc is not None and w.proc.returncode is None]
@@ -167,6 +173,7 @@ class _Supervisor:
         self._asked = 0
 
     def _apply(self, worker: _Worker, message: ToSupervisor | ToWorker) -> None:
+        worker.heard = time.monotonic()
         if isinstance(message, Report):
             try:
                 self.merge.apply(message.changes, worker.held)
@@ -355,12 +362,14 @@ async def supervising(
         live = GroupLive(supervisor.ask, settings.ui_requests) if settings.ui else None
         port_ = MetricsPort()
         running: list[asyncio.Future[None]] = []
+        watch: asyncio.Future[None] | None = None
         try:
             await port_.start(
                 metrics_socks, config, group.metrics.registry.pages, group.readiness, live, refresh=supervisor.refresh
             )
             group.metrics_url, group.metrics_addresses = port_.url, port_.addresses
             running += [asyncio.ensure_future(supervisor.run_slot(w)) for w in group.workers]
+            watch = asyncio.ensure_future(_watch(group))
             deadline = time.monotonic() + ready_timeout
             while group.readiness() != "ready" and time.monotonic() < deadline:
                 if all(s.done() for s in running) or (shutdown is not None and shutdown.requested.is_set()):
@@ -368,11 +377,33 @@ async def supervising(
                 await asyncio.sleep(0.02)
             yield group
         finally:
+            if watch is not None:
+                watch.cancel()
             await _stop(group, running, settings.drain_seconds + KILL_GRACE, None if shutdown is None else shutdown.now)
             await port_.close()
     finally:
         for sock in reserved + metrics_socks:
             sock.close()
+
+
+async def _watch(group: Group) -> None:
+    """Say once when a serving worker sends nothing for `STALLED` seconds (its loop is stuck or
+    the process stopped: `/readyz` says `stalled`), and when it is heard again."""
+    while True:
+        await asyncio.sleep(1.0)
+        now = time.monotonic()
+        for w in group.workers:
+            late = w.ready and now - w.heard > STALLED
+            if late != w.stalled:
+                w.stalled = late
+                pid = w.proc.pid if w.proc is not None else 0
+                if late:
+                    log.warning(
+                        "worker %d (pid %d) has sent nothing for %.0fs: its event loop is stuck or the process is "
+                        "stopped; /readyz says stalled", w.index, pid, STALLED,
+                    )  # fmt: skip
+                else:
+                    log.warning("worker %d (pid %d) is heard again", w.index, pid)
 
 
 async def _stop(group: Group, slots: Sequence[asyncio.Future[None]], limit: float, now: asyncio.Event | None) -> None:

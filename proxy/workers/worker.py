@@ -71,12 +71,10 @@ class Reporter:
         return not self.writer.is_closing() and self.buffered() < self.max_buffered
 
     def report(self, ask: int = 0) -> None:
-        """The changes since the last report, unless there are none (and no Ask waits for them)."""
+        """The changes since the last report (none, too: the supervisor hears that this loop runs)."""
         if not self.open():
             return  # held back: the next report carries them
-        changes = self.changes.take()
-        if changes or ask:
-            self.writer.write(encode(Report(changes, ask)))
+        self.writer.write(encode(Report(self.changes.take(), ask)))
 
     async def every(self, seconds: float) -> None:
         while True:
