@@ -96,7 +96,7 @@ async def running(
                 metrics_socks,
                 readiness=lambda: "draining" if requests.draining else "ready",
                 in_flight=lambda: len(requests.tasks),
-                active=requests.ask,
+                active=requests.snapshot,
             )
             async with serving(
                 config, proxy_socks, requests, spans=reporting.spans, recorder=reporting.metrics,

@@ -123,7 +123,3 @@ class InFlightRequests:
             out.append(found)
         out.sort(key=lambda f: f.started)
         return out
-
-    async def ask(self, want: str | None = None) -> list[InFlight]:
-        """`snapshot` as the live view calls it (`LiveView.active`: it may have to wait elsewhere)."""
-        return self.snapshot(want)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from proxy.exchange.inflight import InFlight
@@ -29,13 +29,13 @@ from proxy.ui.summary import Window
 __all__ = ["ROWS_PER_SLICE", "Active", "LiveSource", "LiveView"]
 
 # The requests in flight now (all, or the one with that id, with its gaps).
-Active = Callable[[str | None], Awaitable[Sequence[InFlight]]]
+Active = Callable[[str | None], Sequence[InFlight]]
 ROWS_PER_SLICE = 200  # rows rendered between yields to the loop: a short hold (docs/live-view.md)
 
 log = logging.getLogger("taotrace")
 
 
-async def _none(_want: str | None) -> Sequence[InFlight]:
+def _none(_want: str | None) -> Sequence[InFlight]:
     return ()
 
 
@@ -112,7 +112,7 @@ class LiveView:
                 await asyncio.sleep(0)  # let the proxy's streams run between slices
             rows.extend(row(e) for e in chosen[start : start + ROWS_PER_SLICE])
         apis, models = distinct(entries)
-        running = [f for f in await self.active(None) if running_matches(f, query)]
+        running = [f for f in self.active(None) if running_matches(f, query)]
         return {
             "in_flight": [running_row(f) for f in reversed(running[-query.limit :])],  # newest first
             "requests": rows,
@@ -126,14 +126,10 @@ class LiveView:
     async def request(self, id_: str) -> dict[str, Any] | None:
         """`/api/requests/{id}`: one request, finished or in flight."""
         entry = self.ring.find(id_)
-        if entry is None:
-            running = await self.active(id_)
-            if running:
-                return running_detail(running[0])
-            entry = self.ring.find(id_)  # it may have finished while we asked
-        if entry is None:
-            return None
-        return detail(entry, trace_url=self.trace_url, capture_content=self.capture_content)
+        if entry is not None:
+            return detail(entry, trace_url=self.trace_url, capture_content=self.capture_content)
+        running = self.active(id_)  # read now, with no wait between: it cannot finish meanwhile
+        return running_detail(running[0]) if running else None
 
     async def pair(self, pair_id: str) -> dict[str, Any] | None:
         """`/api/pairs/{pair_id}`: a request and its mirror copy, and their differences."""

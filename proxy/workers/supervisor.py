@@ -102,6 +102,10 @@ class _Worker:
     heard: float = 0.0  # when it last sent anything (monotonic)
     stalled: bool = False  # said to be stuck (`STALLED`), until it is heard again
 
+    def silent(self, now: float) -> bool:
+        """Serving, and nothing heard from it for `STALLED` seconds: its loop is stuck or stopped."""
+        return self.ready and now - self.heard > STALLED
+
     @property
     def in_flight(self) -> dict[tuple[str, ...], float]:
         """(upstream, api) -> its requests in flight, as its last report had them."""
@@ -136,7 +140,7 @@ class Group:
         if not all(w.ready for w in self.workers):
             return "starting"
         now = time.monotonic()
-        if any(now - w.heard > STALLED for w in self.workers):
+        if any(w.silent(now) for w in self.workers):
             return "stalled"  # the kernel still hands it connections, which wait
         return "ready"
 
@@ -393,7 +397,7 @@ async def _watch(group: Group) -> None:
         await asyncio.sleep(1.0)
         now = time.monotonic()
         for w in group.workers:
-            late = w.ready and now - w.heard > STALLED
+            late = w.silent(now)
             if late != w.stalled:
                 w.stalled = late
                 pid = w.proc.pid if w.proc is not None else 0

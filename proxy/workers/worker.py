@@ -145,7 +145,9 @@ async def _serve(sock: socket.socket) -> None:
         reporting = Reporting(config, instance=start.instance)
         reporter = Reporter(writer, reporting.metrics, start.max_buffered)
         requests = InFlightRequests()
-        await reporting.start((), readiness=lambda: "ready", in_flight=lambda: len(requests.tasks), active=requests.ask)
+        await reporting.start(
+            (), readiness=lambda: "ready", in_flight=lambda: len(requests.tasks), active=requests.snapshot
+        )
         reports = asyncio.ensure_future(reporter.every(REPORT_SECONDS))
         metrics = reporting.metrics
         async with serving(
